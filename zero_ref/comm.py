@@ -1,0 +1,175 @@
+"""Collectives over flat float32 buffers: the only module that imports mpi4py.
+
+Every hot-path call uses mpi4py's uppercase buffer API (no pickling). Each call
+is recorded in a CommLedger (bytes this rank really exchanges, and seconds).
+
+Sums across ranks come from a *reduction policy*:
+  MPIReduction      MPI's own MPI_SUM (Reduce_scatter_block, Allreduce): fast,
+                    but the association of the sum is MPI's choice.
+  OrderedReduction  an Alltoall of the blocks, then a local sum in rank order:
+                    the same bytes on the wire as a ring reduce-scatter, and
+                    the result bitwise equal to the oracle's rank-order sum.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+from mpi4py import MPI
+
+from zero_ref.comm_ledger import CommLedger
+from zero_ref.rank_order import sum_in_rank_order
+
+F32_BYTES = 4
+
+
+class Handle:
+    """A non-blocking collective in flight; `wait()` must be called exactly once."""
+
+    def __init__(self, request: MPI.Request, finish: Callable[[], None], record: Callable):
+        self._request, self._finish, self._record = request, finish, record
+        self._start = time.perf_counter()
+        self.done = False
+
+    def wait(self) -> None:
+        assert not self.done, "Handle.wait() called twice on the same collective"
+        self._request.Wait()
+        self._finish()
+        self.done = True
+        self._record(time.perf_counter() - self._start)
+
+
+class Comm:
+    """A communicator, its reduction policy and its ledger, passed explicitly."""
+
+    def __init__(self, mpi_comm: MPI.Comm, deterministic: bool = False) -> None:
+        self.mpi = mpi_comm
+        self.rank = mpi_comm.Get_rank()
+        self.size = mpi_comm.Get_size()
+        self.ledger = CommLedger()
+        self.reduction = OrderedReduction() if deterministic else MPIReduction()
+
+    # ---- bytes each rank exchanges, from the buffers of the call
+    def _block_bytes(self, n_block: int) -> int:
+        """(W-1) blocks of n_block float32 elements."""
+        return (self.size - 1) * n_block * F32_BYTES
+
+    def _timed(self, kind: str, n_block: int, factor: int, fn: Callable[[], None]) -> None:
+        t0 = time.perf_counter()
+        fn()
+        nbytes = factor * self._block_bytes(n_block)
+        self.ledger.record(kind, nbytes, nbytes, time.perf_counter() - t0)
+
+    # ---- sums across ranks
+    def reduce_scatter_sum(self, send: np.ndarray, recv: np.ndarray) -> None:
+        """recv (n,) = sum over ranks of their send[rank*n : (rank+1)*n]; send is (W*n,)."""
+        _check_blocks(send, recv, self.size)
+        self._timed(
+            "reduce_scatter",
+            recv.size,
+            1,
+            lambda: self.reduction.reduce_scatter(self.mpi, send, recv),
+        )
+
+    def allreduce_sum(self, buf: np.ndarray) -> None:
+        """buf (W*n,) <- sum over ranks, in place."""
+        _check_blocks(buf, None, self.size)
+        self._timed(
+            "allreduce", buf.size // self.size, 2, lambda: self.reduction.allreduce(self.mpi, buf)
+        )
+
+    def ireduce_scatter_sum(self, send: np.ndarray, recv: np.ndarray) -> Handle:
+        """Non-blocking reduce_scatter_sum; recv is valid after handle.wait()."""
+        _check_blocks(send, recv, self.size)
+        request, finish = self.reduction.ireduce_scatter(self.mpi, send, recv)
+        nbytes = self._block_bytes(recv.size)
+        return Handle(
+            request, finish, lambda s: self.ledger.record("reduce_scatter", nbytes, nbytes, s)
+        )
+
+    # ---- gathers
+    def allgather(self, send: np.ndarray, recv: np.ndarray) -> None:
+        """recv (W*n,) <- every rank's send (n,), in rank order."""
+        _check_blocks(recv, send, self.size)
+        self._timed("allgather", send.size, 1, lambda: self.mpi.Allgather(send, recv))
+
+    def allgather_in_place(self, buf: np.ndarray) -> None:
+        """buf (W*n,): block r <- rank r's block r, for every r (MPI_IN_PLACE)."""
+        _check_blocks(buf, None, self.size)
+        self._timed(
+            "allgather", buf.size // self.size, 1, lambda: self.mpi.Allgather(MPI.IN_PLACE, buf)
+        )
+
+    def iallgather(self, send: np.ndarray, recv: np.ndarray) -> Handle:
+        """Non-blocking allgather; recv is valid after handle.wait()."""
+        _check_blocks(recv, send, self.size)
+        request = self.mpi.Iallgather(send, recv)
+        nbytes = self._block_bytes(send.size)
+        return Handle(
+            request, lambda: None, lambda s: self.ledger.record("allgather", nbytes, nbytes, s)
+        )
+
+    # ---- small float64 exchanges (the gradient norm's partials)
+    def allgather_float64(self, local: np.ndarray) -> np.ndarray:
+        """Every rank's variable-length float64 array, concatenated in rank order."""
+        t0 = time.perf_counter()
+        local = np.ascontiguousarray(local, dtype=np.float64)
+        counts = np.empty(self.size, np.int64)
+        self.mpi.Allgather(np.array([local.size], np.int64), counts)
+        out = np.empty(int(counts.sum()), np.float64)
+        self.mpi.Allgatherv(local, [out, counts])
+        nbytes = (self.size - 1) * local.nbytes
+        self.ledger.record("norm", nbytes, int(out.nbytes - local.nbytes), time.perf_counter() - t0)
+        return out
+
+    def allreduce_float64(self, value: float, kind: str) -> float:
+        """Sum of one float64 per rank (MPI's order); `kind` names it in the ledger."""
+        t0 = time.perf_counter()
+        out = np.empty(1, np.float64)
+        self.mpi.Allreduce(np.array([value], np.float64), out, op=MPI.SUM)
+        nbytes = 2 * (self.size - 1) * 8
+        self.ledger.record(kind, nbytes, nbytes, time.perf_counter() - t0)
+        return float(out[0])
+
+
+class MPIReduction:
+    """Sums with MPI_SUM: fastest, association chosen by the MPI library."""
+
+    def reduce_scatter(self, mpi: MPI.Comm, send: np.ndarray, recv: np.ndarray) -> None:
+        mpi.Reduce_scatter_block(send, recv, op=MPI.SUM)
+
+    def allreduce(self, mpi: MPI.Comm, buf: np.ndarray) -> None:
+        mpi.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+
+    def ireduce_scatter(self, mpi: MPI.Comm, send: np.ndarray, recv: np.ndarray):
+        return mpi.Ireduce_scatter_block(send, recv, op=MPI.SUM), lambda: None
+
+
+class OrderedReduction:
+    """Sums in rank order: Alltoall the blocks, then add them up left to right."""
+
+    def reduce_scatter(self, mpi: MPI.Comm, send: np.ndarray, recv: np.ndarray) -> None:
+        rows = np.empty((mpi.Get_size(), recv.size), np.float32)  # row r: rank r's block for me
+        mpi.Alltoall(send, rows)
+        sum_in_rank_order(rows, recv)
+
+    def allreduce(self, mpi: MPI.Comm, buf: np.ndarray) -> None:
+        mine = np.empty(buf.size // mpi.Get_size(), np.float32)
+        self.reduce_scatter(mpi, buf, mine)
+        mpi.Allgather(mine, buf)
+
+    def ireduce_scatter(self, mpi: MPI.Comm, send: np.ndarray, recv: np.ndarray):
+        rows = np.empty((mpi.Get_size(), recv.size), np.float32)
+        return mpi.Ialltoall(send, rows), lambda: sum_in_rank_order(rows, recv)
+
+
+def _check_blocks(full: np.ndarray, block: np.ndarray | None, world: int) -> None:
+    """full must be contiguous float32 of W * block.size elements."""
+    if full.dtype != np.float32 or not full.flags.c_contiguous:
+        raise ValueError(f"collective buffers must be contiguous float32, got {full.dtype}")
+    if full.size % world:
+        raise ValueError(f"buffer of {full.size} elements does not split into {world} blocks")
+    if block is not None and block.size * world != full.size:
+        raise ValueError(f"block of {block.size} elements x {world} ranks != {full.size}")

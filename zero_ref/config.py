@@ -1,0 +1,99 @@
+"""Configuration of the optimizer and the ZeRO engine, validated once.
+
+Frozen dataclasses: every field is checked in __post_init__ and a bad value
+raises ValueError naming the field, the value and what is allowed. Argparse
+and JSON live at the command-line edge (zero_ref.train), not here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+STAGES = (0, 1, 2, 3)
+
+
+def _require(ok: bool, name: str, value: object, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"{name}={value!r} is not allowed: {name} must be {allowed}")
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+@dataclass(frozen=True)
+class AdamWConfig:
+    """Hyperparameters of AdamW, with the meaning torch.optim.AdamW gives them."""
+
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+
+    def __post_init__(self) -> None:
+        _require(_finite(self.lr) and self.lr >= 0, "lr", self.lr, "a finite number >= 0")
+        betas = tuple(self.betas)
+        _require(len(betas) == 2, "betas", self.betas, "a pair (beta1, beta2)")
+        for i, b in enumerate(betas):
+            _require(_finite(b) and 0 <= b < 1, f"betas[{i}]", b, "a number in [0, 1)")
+        object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
+        _require(_finite(self.eps) and self.eps > 0, "eps", self.eps, "a finite number > 0")
+        _require(
+            _finite(self.weight_decay) and self.weight_decay >= 0,
+            "weight_decay",
+            self.weight_decay,
+            "a finite number >= 0",
+        )
+
+
+@dataclass(frozen=True)
+class ZeroConfig:
+    """What the engine does each step.
+
+    stage         0 = plain data parallel, 1 = + optimizer state sharded,
+                  2 = + gradients sharded, 3 = + parameters sharded.
+    bucket_numel  elements per gradient reduce-scatter bucket (stages 2-3).
+    grad_accum    micro-steps whose gradients are summed before one update.
+    clip          max global gradient norm, or None for no clipping.
+    deterministic reduce in rank order so results are bitwise those of the
+                  single-rank oracle (see docs/determinism.md).
+    """
+
+    stage: int = 2
+    bucket_numel: int = 1 << 20
+    grad_accum: int = 1
+    clip: float | None = None
+    deterministic: bool = False
+    optimizer: AdamWConfig = field(default_factory=AdamWConfig)
+
+    def __post_init__(self) -> None:
+        _require(
+            self.stage in STAGES and isinstance(self.stage, int),
+            "stage",
+            self.stage,
+            "one of 0, 1, 2, 3",
+        )
+        _require(
+            _positive_int(self.bucket_numel), "bucket_numel", self.bucket_numel, "an integer >= 1"
+        )
+        _require(_positive_int(self.grad_accum), "grad_accum", self.grad_accum, "an integer >= 1")
+        _require(
+            self.clip is None or (_finite(self.clip) and self.clip > 0),
+            "clip",
+            self.clip,
+            "None (no clipping) or a finite number > 0",
+        )
+        _require(
+            isinstance(self.deterministic, bool),
+            "deterministic",
+            self.deterministic,
+            "True or False",
+        )
+        _require(
+            isinstance(self.optimizer, AdamWConfig), "optimizer", self.optimizer, "an AdamWConfig"
+        )
+
+
+def _positive_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 1

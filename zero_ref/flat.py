@@ -1,0 +1,153 @@
+"""Flat layout: named tensors laid into one contiguous float32 buffer, then sharded.
+
+Pure integer math, no MPI. Each *unit* (layer) of the model becomes one
+contiguous range of the full buffer, padded with zeros to a multiple of the
+world size, so that every rank owns an equal slice of every unit (as FSDP's
+flat parameters and DeepSpeed stage 3's partitions do, shard boundaries cut
+straight through tensors). Equal slices let the engine use Reduce_scatter_block
+and Allgather instead of their uneven v-variants; scripts/bench_layout.py
+measures why (docs/architecture.md quotes it).
+
+A rank's *shard buffer* is its slice of unit 0, then its slice of unit 1, ...
+so its optimizer state and reduced gradients are contiguous too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """Where one rank's equal slice of a padded range lies: [offset, offset + numel)."""
+
+    offset: int
+    numel: int
+
+
+def padded_numel(numel: int, world_size: int) -> int:
+    """numel rounded up to a multiple of world_size (0 stays 0)."""
+    if world_size < 1:
+        raise ValueError(f"world_size={world_size} is not allowed: it must be >= 1")
+    if numel < 0:
+        raise ValueError(f"numel={numel} is not allowed: it must be >= 0")
+    return -(-numel // world_size) * world_size
+
+
+def shard_range(numel: int, rank: int, world_size: int) -> ShardInfo:
+    """The slice of a range of `numel` elements (padded) that `rank` owns."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank} is not allowed: it must be in [0, {world_size})")
+    shard_numel = padded_numel(numel, world_size) // world_size
+    return ShardInfo(offset=rank * shard_numel, numel=shard_numel)
+
+
+@dataclass(frozen=True)
+class TensorSlot:
+    """A named tensor inside its unit's flat range."""
+
+    name: str
+    shape: Shape
+    offset: int  # within the unit's range
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class UnitLayout:
+    """One unit's range in the full buffer and its slice in every rank's shard buffer."""
+
+    name: str
+    slots: tuple[TensorSlot, ...]
+    numel: int  # real elements
+    padded_numel: int  # multiple of world_size
+    full_offset: int  # where the unit starts in the full buffer
+    shard_offset: int  # where this unit's slice starts in a shard buffer
+    world_size: int
+
+    @property
+    def shard_numel(self) -> int:
+        return self.padded_numel // self.world_size
+
+    def full_slice(self) -> slice:
+        return slice(self.full_offset, self.full_offset + self.padded_numel)
+
+    def shard_slice(self) -> slice:
+        return slice(self.shard_offset, self.shard_offset + self.shard_numel)
+
+
+@dataclass(frozen=True)
+class FlatLayout:
+    """All units of a model, laid out for `world_size` ranks."""
+
+    units: tuple[UnitLayout, ...]
+    world_size: int
+
+    @property
+    def numel(self) -> int:
+        """Real parameters, Psi in the paper."""
+        return sum(u.numel for u in self.units)
+
+    @property
+    def full_numel(self) -> int:
+        """Elements of the padded full buffer."""
+        return sum(u.padded_numel for u in self.units)
+
+    @property
+    def shard_numel(self) -> int:
+        """Elements of one rank's shard buffer (full_numel / world_size)."""
+        return self.full_numel // self.world_size
+
+    def names(self) -> list[str]:
+        return [f"{u.name}.{s.name}" for u in self.units for s in u.slots]
+
+
+def build_layout(
+    units: Sequence[tuple[str, Sequence[tuple[str, Shape]]]], world_size: int
+) -> FlatLayout:
+    """Lay out [(unit name, [(tensor name, shape), ...]), ...] for world_size ranks."""
+    if world_size < 1:
+        raise ValueError(f"world_size={world_size} is not allowed: it must be >= 1")
+    built, full_offset, shard_offset, seen = [], 0, 0, set()
+    for unit_name, tensors in units:
+        slots, offset = [], 0
+        for name, shape in tensors:
+            shape = tuple(int(d) for d in shape)
+            if any(d < 0 for d in shape):
+                raise ValueError(f"tensor {unit_name}.{name}: shape {shape} has a negative size")
+            if f"{unit_name}.{name}" in seen:
+                raise ValueError(f"tensor name {unit_name}.{name} appears twice")
+            seen.add(f"{unit_name}.{name}")
+            slot = TensorSlot(name, shape, offset)
+            slots.append(slot)
+            offset += slot.numel
+        unit = UnitLayout(
+            unit_name,
+            tuple(slots),
+            offset,
+            padded_numel(offset, world_size),
+            full_offset,
+            shard_offset,
+            world_size,
+        )
+        built.append(unit)
+        full_offset += unit.padded_numel
+        shard_offset += unit.shard_numel
+    return FlatLayout(tuple(built), world_size)
+
+
+def tensor_views(unit_buffer: np.ndarray, unit: UnitLayout) -> dict[str, np.ndarray]:
+    """Named views into a unit's flat range (no copies: np.shares_memory holds)."""
+    return {s.name: unit_buffer[s.offset : s.offset + s.numel].reshape(s.shape) for s in unit.slots}
+
+
+def rank_rows(unit_buffer: np.ndarray, unit: UnitLayout) -> np.ndarray:
+    """A padded unit range seen as (world_size, shard_numel): row r is rank r's slice."""
+    return unit_buffer[: unit.padded_numel].reshape(unit.world_size, unit.shard_numel)

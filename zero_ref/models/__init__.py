@@ -1,0 +1,1 @@
+"""Models written as ordered lists of units, each with hand-written backward."""

@@ -1,0 +1,166 @@
+"""Stage 0: plain data parallelism, the baseline every ZeRO stage is measured against.
+
+Every rank holds the full parameters, gradients and optimizer state (the
+paper's (2 + 2 + K) Psi). After each micro-step's backward the gradients are
+all-reduced; every rank then runs the same AdamW step on the whole buffer.
+
+This class also holds the loop all stages share (forward through the units,
+loss, backward in reverse, optimizer step); the stages above override only
+the hooks that say where memory lives and which collectives run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from zero_ref.adamw import adamw_kernel, adamw_scalars
+from zero_ref.comm import Comm
+from zero_ref.config import ZeroConfig
+from zero_ref.flat import FlatLayout, build_layout, tensor_views
+from zero_ref.gradnorm import clip_coefficient, global_grad_norm
+from zero_ref.memory import MemoryLedger
+from zero_ref.models.unit import Model
+from zero_ref.stages.packing import pack_full, unpack_full
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one optimizer step reports (identical on every rank)."""
+
+    step: int
+    loss: float  # mean over all ranks and micro-steps
+    grad_norm: float  # global norm of the averaged gradient, before clipping
+
+
+def accumulate(dst: np.ndarray, src: np.ndarray, first: bool) -> None:
+    """dst = src on the first micro-step, dst += src after (the oracle's order)."""
+    if first:
+        dst[...] = src
+    else:
+        dst += src
+
+
+class Stage0DataParallel:
+    """Full replicas everywhere; Allreduce of the gradients."""
+
+    stage = 0
+
+    def __init__(
+        self, model: Model, init_params: Mapping[str, np.ndarray], cfg: ZeroConfig, comm: Comm
+    ) -> None:
+        self.model, self.cfg, self.comm = model, cfg, comm
+        self.world, self.rank = comm.size, comm.rank
+        self.layout: FlatLayout = build_layout(
+            [(u.name, [(s.name, s.shape) for s in u.param_specs()]) for u in model.units],
+            comm.size,
+        )
+        self.memory = MemoryLedger()
+        self.step_count = 0
+        self._init_params(pack_full(init_params, self.layout))
+        self._init_grads()
+        self._init_optimizer()
+
+    # ---- where model state lives (stage 0: everything full)
+    def _init_params(self, full: np.ndarray) -> None:
+        self.full_params = self.memory.hold("params", "full_params", full)
+
+    def _init_grads(self) -> None:
+        n = self.layout.full_numel
+        self.full_grads = self.memory.hold("grads", "full_grads", np.zeros(n, np.float32))
+        self.grad_acc = self.full_grads
+        if self.cfg.grad_accum > 1:
+            self.grad_acc = self.memory.hold("grads", "full_grad_acc", np.zeros(n, np.float32))
+
+    def _init_optimizer(self) -> None:
+        n = self._optimizer_numel()
+        self.exp_avg = self.memory.hold("optimizer", "exp_avg", np.zeros(n, np.float32))
+        self.exp_avg_sq = self.memory.hold("optimizer", "exp_avg_sq", np.zeros(n, np.float32))
+
+    def _optimizer_numel(self) -> int:
+        return self.layout.full_numel
+
+    # ---- hooks the shared loop calls, unit by unit
+    def unit_params(self, i: int) -> dict[str, np.ndarray]:
+        unit = self.layout.units[i]
+        return tensor_views(self.full_params[unit.full_slice()], unit)
+
+    def release_unit_params(self, i: int) -> None:
+        """Stage 3 frees the gathered unit here; below it there is nothing to free."""
+
+    def unit_grads(self, i: int) -> dict[str, np.ndarray]:
+        unit = self.layout.units[i]
+        return tensor_views(self.full_grads[unit.full_slice()], unit)
+
+    def on_unit_backward_done(self, i: int, micro: int) -> None:
+        """Stage 2 reduce-scatters full buckets here."""
+
+    def on_backward_done(self, micro: int) -> None:
+        self.comm.allreduce_sum(self.full_grads)
+        if self.grad_acc is not self.full_grads:
+            accumulate(self.grad_acc, self.full_grads, first=micro == 0)
+
+    def owned_slices(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """(param, grad, exp_avg, exp_avg_sq) 1-D views this rank updates."""
+        return [(self.full_params, self.grad_acc, self.exp_avg, self.exp_avg_sq)]
+
+    def norm_comm(self) -> Comm | None:
+        """Who holds the other parts of the gradient (None: this rank holds all of it)."""
+        return None
+
+    def after_update(self) -> None:
+        """Stages 1-2 all-gather the updated parameters here."""
+
+    # ---- the loop every stage shares
+    def train_step(self, inputs: np.ndarray, targets: np.ndarray) -> StepResult:
+        """One optimizer step from this rank's micro-batches inputs[j], targets[j]."""
+        k = self.cfg.grad_accum
+        if len(inputs) != k or len(targets) != k:
+            raise ValueError(f"train_step got {len(inputs)} micro-batches; grad_accum is {k}")
+        loss_sum = sum(self.forward_backward(inputs[j], targets[j], j) for j in range(k))
+        grad_norm = self.optimizer_step()
+        loss = self.comm.allreduce_float64(loss_sum, kind="loss") / (k * self.world)
+        self.comm.ledger.end_step()
+        return StepResult(self.step_count, loss, grad_norm)
+
+    def forward_backward(self, x: np.ndarray, targets: np.ndarray, micro: int) -> float:
+        """Forward unit by unit, the loss, backward in reverse; returns the loss."""
+        caches = []
+        for i, unit in enumerate(self.model.units):
+            x, cache = unit.forward(self.unit_params(i), x)
+            self.release_unit_params(i)
+            caches.append(cache)
+        loss, dout = self.model.loss(x, targets)
+        for i in range(len(self.model.units) - 1, -1, -1):
+            unit = self.model.units[i]
+            dout = unit.backward(self.unit_params(i), caches[i], dout, self.unit_grads(i))
+            self.release_unit_params(i)
+            caches[i] = None
+            self.on_unit_backward_done(i, micro)
+        self.on_backward_done(micro)
+        return loss
+
+    def optimizer_step(self) -> float:
+        """Average, clip by the global norm, AdamW on the owned slices; returns the norm."""
+        self.step_count += 1
+        owned = self.owned_slices()
+        scale = np.float32(self.world * self.cfg.grad_accum)
+        for _, grad, _, _ in owned:
+            grad /= scale
+        grads = [g for _, g, _, _ in owned]
+        norm = global_grad_norm(grads, self.norm_comm(), exact=self.cfg.deterministic)
+        coef = clip_coefficient(norm, self.cfg.clip)
+        s = adamw_scalars(self.cfg.optimizer, self.step_count)
+        for param, grad, exp_avg, exp_avg_sq in owned:
+            if coef != 1:
+                grad *= coef
+            adamw_kernel(param, grad, exp_avg, exp_avg_sq, s)
+        self.after_update()
+        return norm
+
+    # ---- reading the result
+    def full_parameters(self) -> dict[str, np.ndarray]:
+        """Every parameter, consolidated (a collective at stage 3; copies)."""
+        return unpack_full(self.full_params, self.layout)
