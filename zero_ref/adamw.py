@@ -11,7 +11,7 @@ scalars, so they agree bit for bit (tests/test_adamw.py checks every element).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numba
 import numpy as np
@@ -47,6 +47,11 @@ def adamw_scalars(cfg: AdamWConfig, step: int) -> AdamWScalars:
         bias_correction2_sqrt=f32(math.sqrt(1.0 - beta2**step)),
         eps=f32(cfg.eps),
     )
+
+
+def with_lr(cfg: AdamWConfig, lr: float | None) -> AdamWConfig:
+    """cfg, with the learning rate of this step when a schedule sets one."""
+    return cfg if lr is None else replace(cfg, lr=lr)
 
 
 def adamw_reference(

@@ -60,3 +60,15 @@ class CommLedger:
     @staticmethod
     def step_sent_bytes(totals: dict[str, dict[str, float]]) -> int:
         return int(sum(v["sent_bytes"] for v in totals.values()))
+
+
+def paper_sent_bytes(stage: int, numel: int, world_size: int, grad_accum: int) -> int:
+    """Bytes one rank sends per step for parameters and gradients (Sec. 7 of the paper).
+
+    Each reduce-scatter or all-gather of Psi elements moves (W-1)/W * Psi per
+    rank. Stage 0 all-reduces (= reduce-scatter + all-gather) every micro-step;
+    stages 1-2 reduce-scatter every micro-step and all-gather once; stage 3
+    gathers twice (forward, backward) and reduce-scatters every micro-step."""
+    per_collective = 4 * numel * (world_size - 1) // world_size
+    k = grad_accum
+    return per_collective * {0: 2 * k, 1: k + 1, 2: k + 1, 3: 3 * k}[stage]

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from zero_ref.adamw import adamw_reference, adamw_scalars
+from zero_ref.adamw import adamw_reference, adamw_scalars, with_lr
 from zero_ref.config import AdamWConfig
 from zero_ref.gradnorm import clip_coefficient, sumsq_exact_reference
 from zero_ref.models.unit import Model, loss_and_grads
@@ -60,8 +60,12 @@ class Oracle:
             offset += size
         return out
 
-    def step(self, grads: Sequence[Sequence[NamedArrays]]) -> dict[str, np.ndarray]:
-        """One optimizer step from grads[j][r] (micro-step j, rank r); returns parameters."""
+    def step(
+        self, grads: Sequence[Sequence[NamedArrays]], lr: float | None = None
+    ) -> dict[str, np.ndarray]:
+        """One optimizer step from grads[j][r] (micro-step j, rank r); returns parameters.
+
+        `lr` overrides the configured learning rate for this step."""
         k, world = len(grads), len(grads[0])
         acc = np.empty_like(self.params)
         for j, per_rank in enumerate(grads):
@@ -77,11 +81,13 @@ class Oracle:
         if coef != 1:
             g *= coef
         self.step_count += 1
-        s = adamw_scalars(self.optimizer, self.step_count)
+        s = adamw_scalars(with_lr(self.optimizer, lr), self.step_count)
         adamw_reference(self.params, g, self.exp_avg, self.exp_avg_sq, s)
         return self.parameters()
 
-    def model_step(self, model: Model, inputs: np.ndarray, targets: np.ndarray) -> float:
+    def model_step(
+        self, model: Model, inputs: np.ndarray, targets: np.ndarray, lr: float | None = None
+    ) -> float:
         """One step of `model` on inputs[j, r] / targets[j, r] (micro-step j, rank r).
 
         Each rank's gradient is computed from the current full parameters, as
@@ -95,5 +101,5 @@ class Oracle:
                 losses.append(loss)
                 per_rank.append(g)
             grads.append(per_rank)
-        self.step(grads)
+        self.step(grads, lr)
         return float(np.mean(losses))

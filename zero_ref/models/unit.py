@@ -106,6 +106,13 @@ def unit_params_view(unit: Unit, named: Mapping[str, np.ndarray]) -> dict[str, n
     return {s.name: named[full_name(unit, s)] for s in unit.param_specs()}
 
 
+def forward_all(model: Model, params: Mapping[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+    """The last unit's output, every unit reading its parameters from `params`."""
+    for unit in model.units:
+        x, _ = unit.forward(unit_params_view(unit, params), x)
+    return x
+
+
 def loss_and_grads(
     model: Model, params: Mapping[str, np.ndarray], x: np.ndarray, targets: np.ndarray
 ) -> tuple[float, dict[str, np.ndarray]]:

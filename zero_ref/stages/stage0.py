@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zero_ref.adamw import adamw_kernel, adamw_scalars
+from zero_ref.adamw import adamw_kernel, adamw_scalars, with_lr
 from zero_ref.comm import Comm
 from zero_ref.config import ZeroConfig
 from zero_ref.flat import FlatLayout, build_layout, tensor_views
@@ -114,13 +114,17 @@ class Stage0DataParallel:
         """Stages 1-2 all-gather the updated parameters here."""
 
     # ---- the loop every stage shares
-    def train_step(self, inputs: np.ndarray, targets: np.ndarray) -> StepResult:
-        """One optimizer step from this rank's micro-batches inputs[j], targets[j]."""
+    def train_step(
+        self, inputs: np.ndarray, targets: np.ndarray, lr: float | None = None
+    ) -> StepResult:
+        """One optimizer step from this rank's micro-batches inputs[j], targets[j].
+
+        `lr` overrides the configured learning rate for this step (schedules)."""
         k = self.cfg.grad_accum
         if len(inputs) != k or len(targets) != k:
             raise ValueError(f"train_step got {len(inputs)} micro-batches; grad_accum is {k}")
         loss_sum = sum(self.forward_backward(inputs[j], targets[j], j) for j in range(k))
-        grad_norm = self.optimizer_step()
+        grad_norm = self.optimizer_step(lr)
         loss = self.comm.allreduce_float64(loss_sum, kind="loss") / (k * self.world)
         self.comm.ledger.end_step()
         return StepResult(self.step_count, loss, grad_norm)
@@ -142,7 +146,7 @@ class Stage0DataParallel:
         self.on_backward_done(micro)
         return loss
 
-    def optimizer_step(self) -> float:
+    def optimizer_step(self, lr: float | None = None) -> float:
         """Average, clip by the global norm, AdamW on the owned slices; returns the norm."""
         self.step_count += 1
         owned = self.owned_slices()
@@ -152,7 +156,7 @@ class Stage0DataParallel:
         grads = [g for _, g, _, _ in owned]
         norm = global_grad_norm(grads, self.norm_comm(), exact=self.cfg.deterministic)
         coef = clip_coefficient(norm, self.cfg.clip)
-        s = adamw_scalars(self.cfg.optimizer, self.step_count)
+        s = adamw_scalars(with_lr(self.cfg.optimizer, lr), self.step_count)
         for param, grad, exp_avg, exp_avg_sq in owned:
             if coef != 1:
                 grad *= coef

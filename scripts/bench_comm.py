@@ -1,0 +1,218 @@
+"""Per-step collective time of the ZeRO engine against raw mpi4py moving the same bytes.
+
+Four measurements of one optimizer step's collectives, each a median over the
+same --steps steps after --warmup steps:
+
+  engine   train_step on a ReplayModel; the seconds its CommLedger records
+           (every collective of the step, summed over kinds).
+  synced   the same, with a Comm that calls Barrier (untimed) before each
+           collective, so ranks enter every collective together.
+  wrapper  the same calls through zero_ref.comm.Comm (checks, lambda, ledger)
+           back to back on preallocated buffers: Barrier, Wtime, calls, Wtime.
+  raw      the same calls straight to mpi4py on preallocated buffers of
+           identical sizes: Barrier, Wtime, calls, Wtime.
+
+overhead_ratio = engine / raw. wrapper / raw is what comm.py's own code costs;
+engine - synced is ranks arriving at a collective at different moments (after
+unequal compute) and waiting inside it; synced - wrapper is the rest (the
+buffers the engine uses, cache state after compute).
+
+    mpirun -n 4 python scripts/bench_comm.py [--params 4e6] [--units 4] [--stage 2]
+
+Rank 0 prints a table; the last line is one JSON object.
+"""
+
+# isort: off
+import zero_ref  # noqa: F401  first: sets each rank's thread budget before NumPy loads BLAS
+
+# isort: on
+import argparse
+
+import numpy as np
+from bench_common import emit, gather_medians, load_average, median, replay_model, step_inputs
+from mpi4py import MPI
+
+from zero_ref.comm import Comm
+from zero_ref.config import ZeroConfig
+from zero_ref.models.unit import init_params
+from zero_ref.stages import make_engine
+
+
+def call_plan(engine) -> list[tuple[str, int]]:
+    """The engine's collectives of one step, in order: (kind, numel of the full buffer)."""
+    units, stage, w = engine.layout.units, engine.stage, engine.world
+    if stage == 0:
+        return [("allreduce", engine.layout.full_numel), ("loss", 1)]
+    plan = [("gather", u.padded_numel) for u in units] if stage == 3 else []  # forward
+    for i in reversed(range(len(units))):  # backward
+        if stage == 3:
+            plan.append(("gather", units[i].padded_numel))
+        if stage >= 2 and i == engine.bucket_of_unit[i].first_unit:
+            plan.append(("reduce_scatter", engine.bucket_of_unit[i].shard_numel * w))
+    if stage == 1:
+        plan += [("reduce_scatter", u.padded_numel) for u in units]
+    plan.append(("norm", 1))
+    if stage in (1, 2):
+        plan += [("gather_in_place", u.padded_numel) for u in units]
+    return [*plan, ("loss", 1)]
+
+
+def raw_step(mpi, plan, bufs) -> None:
+    """One step's collectives straight to mpi4py, on preallocated buffers."""
+    for kind, numel in plan:
+        full, shard = bufs[numel]
+        if kind == "allreduce":
+            mpi.Allreduce(MPI.IN_PLACE, full, op=MPI.SUM)
+        elif kind == "reduce_scatter":
+            mpi.Reduce_scatter_block(full, shard, op=MPI.SUM)
+        elif kind == "gather":
+            mpi.Allgather(shard, full)
+        elif kind == "gather_in_place":
+            mpi.Allgather(MPI.IN_PLACE, full)
+        else:  # norm, loss: one float64 per rank
+            out = np.empty(1, np.float64)
+            mpi.Allreduce(np.ones(1, np.float64), out, op=MPI.SUM)
+
+
+def wrapper_step(comm: Comm, plan, bufs) -> None:
+    """The same step through zero_ref.comm.Comm (its checks and its ledger)."""
+    for kind, numel in plan:
+        full, shard = bufs[numel]
+        if kind == "allreduce":
+            comm.allreduce_sum(full)
+        elif kind == "reduce_scatter":
+            comm.reduce_scatter_sum(full, shard)
+        elif kind == "gather":
+            comm.allgather(shard, full)
+        elif kind == "gather_in_place":
+            comm.allgather_in_place(full)
+        else:
+            comm.allreduce_float64(1.0, kind=kind)
+    comm.ledger.end_step()
+
+
+class SyncedComm(Comm):
+    """A Comm whose blocking collectives first Barrier, outside the ledger's timing."""
+
+    def _timed(self, kind, n_block, factor, fn) -> None:
+        self.mpi.Barrier()
+        super()._timed(kind, n_block, factor, fn)
+
+    def allreduce_float64(self, value: float, kind: str) -> float:
+        self.mpi.Barrier()
+        return super().allreduce_float64(value, kind)
+
+
+def timed(mpi, fn) -> float:
+    """Barrier, Wtime, fn(), Wtime."""
+    mpi.Barrier()
+    t0 = MPI.Wtime()
+    fn()
+    return MPI.Wtime() - t0
+
+
+def measure(mpi, args) -> tuple[dict, dict]:
+    """The four series, interleaved step by step so machine load hits them alike."""
+    model = replay_model(int(args.params), args.units)
+    cfg = ZeroConfig(stage=args.stage, bucket_numel=args.bucket_numel, deterministic=False)
+    params = init_params(model, args.seed)
+    engine = make_engine(model, params, cfg, Comm(mpi))
+    synced = make_engine(model, params, cfg, SyncedComm(mpi))
+    wrapper, plan, w = Comm(mpi), call_plan(engine), mpi.Get_size()
+    bufs = {n: (np.ones(n, np.float32), np.ones(n // w, np.float32)) for _, n in plan}
+    series = {k: [] for k in ("engine", "synced", "wrapper", "raw", "step")}
+    for step in range(args.warmup + args.steps):
+        x, y = step_inputs(model, args.seed, step, mpi.Get_rank(), w)
+        wall = timed(mpi, lambda x=x, y=y: engine.train_step(x, y))
+        timed(mpi, lambda x=x, y=y: synced.train_step(x, y))
+        raw = timed(mpi, lambda: raw_step(mpi, plan, bufs))
+        wrap = timed(mpi, lambda: wrapper_step(wrapper, plan, bufs))
+        if step >= args.warmup:
+            for k, v in (("step", wall), ("raw", raw), ("wrapper", wrap)):
+                series[k].append(v)
+    ledgers = {
+        "engine": engine.comm.ledger,
+        "synced": synced.comm.ledger,
+        "wrapper": wrapper.ledger,
+    }
+    kinds = {}
+    for name, ledger in ledgers.items():
+        timed_steps = ledger.history[args.warmup :]
+        if name != "wrapper":
+            series[name] = [sum(k["seconds"] for k in t.values()) for t in timed_steps]
+        kinds[name] = {k: median([t[k]["seconds"] for t in timed_steps]) for k in timed_steps[-1]}
+    last = engine.comm.ledger.last_step()
+    assert _calls_and_bytes(wrapper.ledger.last_step()) == _calls_and_bytes(last), "plan differs"
+    return series, kinds, last
+
+
+def _calls_and_bytes(totals: dict) -> dict:
+    return {k: (v["calls"], v["sent_bytes"], v["recv_bytes"]) for k, v in totals.items()}
+
+
+def print_table(per_rank: dict, kinds: dict, last: dict) -> None:
+    cols = ("engine", "synced", "wrapper", "raw", "step")
+    print(f"{'rank':>4}" + "".join(f" {c + ' ms':>11}" for c in cols))
+    for r in range(len(per_rank["raw"])):
+        print(f"{r:>4}" + "".join(f" {per_rank[c][r] * 1e3:>11.2f}" for c in cols))
+    print(
+        f"{'rank 0, by kind':>15} {'calls':>6} {'sent MB':>8}"
+        + "".join(f" {c + ' ms':>11}" for c in cols[:3])
+    )
+    for kind, t in last.items():
+        ms = "".join(f" {kinds[c].get(kind, float('nan')) * 1e3:>11.2f}" for c in cols[:3])
+        print(f"{kind:>15} {t['calls']:>6} {t['sent_bytes'] / 1e6:>8.2f}" + ms)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--params", type=float, default=4e6, help="parameters in the model")
+    p.add_argument("--units", type=int, default=4)
+    p.add_argument("--stage", type=int, default=2, choices=(0, 1, 2, 3))
+    p.add_argument("--bucket-numel", type=int, default=None, help="default: one bucket")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    args.bucket_numel = args.bucket_numel or int(2 * args.params)
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    mpi = MPI.COMM_WORLD.Dup()
+    series, kinds, last = measure(mpi, args)
+    per_rank = gather_medians(mpi, series)
+    if mpi.Get_rank() != 0:
+        return
+    print_table(per_rank, kinds, last)
+    s = {k: median(v) for k, v in per_rank.items()}  # median over ranks of per-rank medians
+    emit(
+        {
+            "bench": "comm",
+            "world": mpi.Get_size(),
+            "stage": args.stage,
+            "params": int(args.params),
+            "units": args.units,
+            "bucket_numel": args.bucket_numel,
+            "steps": args.steps,
+            "engine_s": s["engine"],
+            "synced_s": s["synced"],
+            "wrapper_s": s["wrapper"],
+            "raw_s": s["raw"],
+            "train_step_s": s["step"],
+            "overhead_ratio": s["engine"] / s["raw"],
+            "synced_ratio": s["synced"] / s["raw"],
+            "wrapper_ratio": s["wrapper"] / s["raw"],
+            "per_rank_s": per_rank,
+            "rank0_kind_s": kinds,
+            "ledger_bytes": {
+                k: {f: v[f] for f in ("calls", "sent_bytes", "recv_bytes")} for k, v in last.items()
+            },
+            "load_average": load_average(),
+        }
+    )
+
+
+if __name__ == "__main__":
+    main()

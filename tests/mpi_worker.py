@@ -1,0 +1,133 @@
+"""A pool worker: run under mpirun, it executes parity cases sent by pytest.
+
+Rank 0 reads one JSON case per line from stdin, broadcasts it, every rank runs
+it with the engine, and rank 0 compares each step's parameters with the
+single-rank oracle and prints one line "RESULT <json>". Any exception aborts
+the whole job (MPI Abort), so pytest sees it instead of a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+import numpy as np
+from mpi4py import MPI
+
+from zero_ref.comm import Comm
+from zero_ref.config import AdamWConfig, ZeroConfig
+from zero_ref.memory import fp32_formula_bytes
+from zero_ref.models.replay import ReplayModel
+from zero_ref.models.unit import init_params
+from zero_ref.oracle import Oracle
+from zero_ref.stages import make_engine
+
+
+def build_model(case: dict):
+    """The case's model, and a function giving inputs/targets for one step."""
+    if case["model"] == "replay":
+        model = ReplayModel([(n, [(t, tuple(s)) for t, s in ts]) for n, ts in case["units"]])
+
+        def batches(step: int, k: int, w: int):
+            return model.contexts(case["seed"], step, k, w), np.zeros((k, w))
+
+        return model, batches
+    from zero_ref.data import encode_corpus, micro_batches
+    from zero_ref.models.mlp import CharMLP, MLPConfig
+
+    vocab, tokens = encode_corpus(case["text"])
+    model = CharMLP(MLPConfig(vocab.size, context=3, d_embed=4, d_hidden=case["hidden"]))
+
+    def batches(step: int, k: int, w: int):
+        return micro_batches(tokens, 3, case["micro_batch"], w, k, step, case["seed"])
+
+    return model, batches
+
+
+def full_equals_everywhere(comm: MPI.Comm, full: dict[str, np.ndarray]) -> bool:
+    """Do all ranks hold the same consolidated parameters (bitwise)?"""
+    flat = np.concatenate([v.reshape(-1) for v in full.values()] or [np.zeros(0, np.float32)])
+    first = flat.copy()
+    comm.Bcast(first, root=0)
+    same = np.array([int(np.array_equal(flat.view(np.uint32), first.view(np.uint32)))])
+    comm.Allreduce(MPI.IN_PLACE, same, op=MPI.MIN)
+    return bool(same[0])
+
+
+def run_case(case: dict, world: MPI.Comm) -> dict | None:
+    opt = AdamWConfig(lr=case["lr"], weight_decay=case["weight_decay"])
+    cfg = ZeroConfig(
+        stage=case["stage"],
+        bucket_numel=case["bucket_numel"],
+        grad_accum=case["grad_accum"],
+        clip=case["clip"],
+        deterministic=case["deterministic"],
+        optimizer=opt,
+    )
+    model, batches = build_model(case)
+    init = init_params(model, case["seed"])
+    comm = Comm(world, deterministic=cfg.deterministic)
+    engine = make_engine(model, init, cfg, comm)
+    oracle = Oracle(init, opt, cfg.clip) if comm.rank == 0 else None
+    k, w, steps = cfg.grad_accum, comm.size, []
+    for step in range(case["steps"]):
+        inputs, targets = batches(step, k, w)
+        result = engine.train_step(inputs[:, comm.rank], targets[:, comm.rank])
+        full = engine.full_parameters()
+        same = full_equals_everywhere(world, full)
+        if oracle is not None:
+            oracle.model_step(model, inputs, targets)
+            steps.append(
+                compare(full, oracle.parameters(), same, result.grad_norm, oracle.last_grad_norm)
+            )
+    held = engine.memory.bytes_by_category()
+    everyone = world.gather(held, root=0)
+    if comm.rank != 0:
+        return None
+    formula = fp32_formula_bytes(cfg.stage, engine.layout.full_numel, w, k)
+    return {
+        "steps": steps,
+        "memory": everyone,
+        "formula": formula,
+        "peak_params": engine.memory.peak_by_category["params"],
+        "ledger": comm.ledger.history,
+        "full_numel": engine.layout.full_numel,
+        "numel": engine.layout.numel,
+    }
+
+
+def compare(full, expected, same_on_all_ranks, norm, oracle_norm) -> dict:
+    diffs = [float(np.max(np.abs(full[n] - expected[n]), initial=0.0)) for n in expected]
+    bitwise = all(
+        np.array_equal(full[n].view(np.uint32), expected[n].view(np.uint32)) for n in expected
+    )
+    return {
+        "max_abs_diff": max(diffs, default=0.0),
+        "bitwise": bitwise,
+        "same_on_all_ranks": same_on_all_ranks,
+        "grad_norm": norm,
+        "oracle_norm": oracle_norm,
+        "names_match": sorted(full) == sorted(expected),
+    }
+
+
+def main() -> None:
+    world = MPI.COMM_WORLD
+    while True:
+        line = sys.stdin.readline() if world.rank == 0 else None
+        line = world.bcast(line, root=0)
+        if not line:
+            return
+        try:
+            result = run_case(json.loads(line), world)
+        except Exception:
+            traceback.print_exc()
+            sys.stderr.flush()
+            world.Abort(1)
+        if world.rank == 0:
+            print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
