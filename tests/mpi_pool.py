@@ -32,7 +32,7 @@ class MPIPool:
     def __init__(self, world: int) -> None:
         self.world = world
         self.proc: subprocess.Popen | None = None
-        self.stderr = tempfile.TemporaryFile(mode="w+")  # a pipe could fill up and block
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (a pipe could fill up)
 
     def _start(self) -> None:
         self.stderr.seek(0)

@@ -33,10 +33,18 @@ def build_model(case: dict):
             return model.contexts(case["seed"], step, k, w), np.zeros((k, w))
 
         return model, batches
-    from zero_ref.data import encode_corpus, micro_batches
+    from zero_ref.data import encode_corpus, micro_batches, sequence_batches
+    from zero_ref.models.gpt import GPT, GPTConfig
     from zero_ref.models.mlp import CharMLP, MLPConfig
 
     vocab, tokens = encode_corpus(case["text"])
+    if case["model"] == "gpt":
+        model = GPT(GPTConfig(vocab.size, context=5, n_layer=2, n_head=2, d_model=case["hidden"]))
+
+        def batches(step: int, k: int, w: int):
+            return sequence_batches(tokens, 5, case["micro_batch"], w, k, step, case["seed"])
+
+        return model, batches
     model = CharMLP(MLPConfig(vocab.size, context=3, d_embed=4, d_hidden=case["hidden"]))
 
     def batches(step: int, k: int, w: int):

@@ -11,10 +11,8 @@ from zero_ref.models.gpt import (
     Embeddings,
     GPTConfig,
     Head,
-    forward_full,
     generate,
     param_numel,
-    unit_view,
 )
 from zero_ref.models.gradcheck import check_unit_backward, unit_params64
 from zero_ref.models.transformer import (
@@ -25,7 +23,7 @@ from zero_ref.models.transformer import (
     layernorm_backward,
     layernorm_forward,
 )
-from zero_ref.models.unit import ParamSpec, init_params
+from zero_ref.models.unit import ParamSpec, forward_all, init_params, unit_params_view
 
 TINY = GPTConfig(vocab_size=11, context=4, n_layer=2, n_head=2, d_model=8)
 
@@ -127,19 +125,19 @@ def test_head_gradcheck():
 
 
 def _loss_full(model, params, ids, targets) -> float:
-    return model.loss(forward_full(model, params, ids), targets)[0]
+    return model.loss(forward_all(model, params, ids), targets)[0]
 
 
 def _grads_full(model, params, ids, targets) -> dict[str, np.ndarray]:
     """Forward through every unit, then backward in reverse, as the engine does."""
     x, caches = ids, []
     for unit in model.units:
-        x, cache = unit.forward(unit_view(unit, params), x)
+        x, cache = unit.forward(unit_params_view(unit, params), x)
         caches.append(cache)
     _, dx = model.loss(x, targets)
     grads = {k: np.full_like(v, np.nan) for k, v in params.items()}
     for unit, cache in zip(reversed(model.units), reversed(caches), strict=True):
-        dx = unit.backward(unit_view(unit, params), cache, dx, unit_view(unit, grads))
+        dx = unit.backward(unit_params_view(unit, params), cache, dx, unit_params_view(unit, grads))
     assert dx is None
     return grads
 
@@ -169,7 +167,7 @@ def test_float32_stays_float32():
     model = GPT(TINY)
     params = init_params(model, seed=0)
     ids, targets = _ids(2, 4), _ids(2, 4, seed=5)
-    assert forward_full(model, params, ids).dtype == np.float32
+    assert forward_all(model, params, ids).dtype == np.float32
     grads = _grads_full(model, params, ids, targets)
     assert all(g.dtype == np.float32 and np.all(np.isfinite(g)) for g in grads.values())
 
@@ -180,7 +178,7 @@ def test_causal_mask_holds():
     ids = _ids(2, 4)
     changed = ids.copy()
     changed[:, 2] = (changed[:, 2] + 1) % TINY.vocab_size
-    before, after = forward_full(model, params, ids), forward_full(model, params, changed)
+    before, after = forward_all(model, params, ids), forward_all(model, params, changed)
     np.testing.assert_array_equal(before[:, :2], after[:, :2])
     assert not np.allclose(before[:, 2:], after[:, 2:])
 
@@ -211,9 +209,9 @@ def test_embeddings_reject_bad_ids():
     params = init_params(GPT(TINY), seed=0)
     unit = Embeddings(TINY)
     with pytest.raises(ValueError, match="exceeds context"):
-        unit.forward(unit_view(unit, params), np.zeros((1, 5), dtype=np.int64))
+        unit.forward(unit_params_view(unit, params), np.zeros((1, 5), dtype=np.int64))
     with pytest.raises(ValueError, match=r"\[0, 11\)"):
-        unit.forward(unit_view(unit, params), np.full((1, 2), 11))
+        unit.forward(unit_params_view(unit, params), np.full((1, 2), 11))
 
 
 def test_generate_length_and_range():
@@ -231,5 +229,5 @@ def test_generate_low_temperature_is_greedy():
     params = {k: v * 10 for k, v in init_params(model, seed=0).items()}
     prompt = _ids(2, 2)
     out = generate(model, params, prompt, n_new=1, rng=np.random.default_rng(0), temperature=1e-4)
-    greedy = forward_full(model, params, prompt)[:, -1].argmax(axis=-1)
+    greedy = forward_all(model, params, prompt)[:, -1].argmax(axis=-1)
     np.testing.assert_array_equal(out[:, -1], greedy)

@@ -9,6 +9,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from zero_ref.comm_ledger import paper_sent_bytes
 from zero_ref.flat import padded_numel
 
 TEXT = "the quick brown fox jumps over the lazy dog; pack my box with five dozen jugs. " * 4
@@ -71,6 +72,20 @@ def check_bitwise(result: dict) -> None:
         assert step["grad_norm"] == step["oracle_norm"]
 
 
+def check_comm_bytes(result: dict, drawn: dict) -> None:
+    """The ledger's bytes for params and grads equal the paper's volume (Sec. 7)."""
+    expected = paper_sent_bytes(
+        drawn["stage"], result["full_numel"], drawn["world"], drawn["grad_accum"]
+    )
+    for i, step in enumerate(result["ledger"]):
+        sent = sum(
+            v["sent_bytes"]
+            for kind, v in step.items()
+            if kind in ("reduce_scatter", "allgather", "allreduce")
+        )
+        assert sent == expected, f"step {i}: rank 0 sent {sent} bytes, paper says {expected}"
+
+
 def check_memory(result: dict, world: int) -> None:
     for rank, held in enumerate(result["memory"]):
         for category, formula in result["formula"].items():
@@ -83,10 +98,11 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scope
 @settings(max_examples=60, **SETTINGS)
 @given(options(replay_model, deterministic=True, worlds=[1, 2, 3, 4]))
 def test_deterministic_replay_is_bitwise_oracle(mpi_pools, drawn):
-    world = drawn["world"]
+    world, stage, k = drawn["world"], drawn["stage"], drawn["grad_accum"]
     result = run(mpi_pools, drawn)
     check_bitwise(result)
     check_memory(result, world)
+    check_comm_bytes(result, {**drawn, "world": world, "stage": stage, "grad_accum": k})
 
 
 @settings(max_examples=25, **SETTINGS)
@@ -124,6 +140,31 @@ def test_fast_mode_within_tolerance(mpi_pools, drawn):
         assert np.isclose(step["grad_norm"], step["oracle_norm"], rtol=1e-5, atol=1e-12)
     if drawn.get("units"):
         check_memory(result, world)
+
+
+def test_stage3_gpt_holds_at_most_one_gathered_block(mpi_pools):
+    """High-water mark of parameter bytes = own shard + one gathered unit, never more."""
+    case = {
+        "model": "gpt",
+        "text": TEXT,
+        "hidden": 8,
+        "micro_batch": 2,
+        "stage": 3,
+        "bucket_numel": 1,
+        "grad_accum": 2,
+        "clip": 1.0,
+        "weight_decay": 0.1,
+        "lr": 1e-2,
+        "steps": 2,
+        "seed": 0,
+        "deterministic": True,
+    }
+    result = mpi_pools(4).run(case)
+    check_bitwise(result)
+    d, v = 8, len(set(TEXT))
+    block = 12 * d * d + 13 * d
+    largest = max(block, v * d + 5 * d, 2 * d + d * v)  # blocks, embeddings, head
+    assert result["peak_params"] == result["formula"]["params"] + 4 * padded_numel(largest, 4)
 
 
 def test_stage3_holds_at_most_one_gathered_unit(mpi_pools):

@@ -1,15 +1,22 @@
-"""The command line of `python -m zero_ref.train`: flags -> validated configs.
+"""The command line of `python -m zero_ref.train`: flags (and a DeepSpeed-style
+--config file) -> validated, frozen configs. Only this module knows argparse.
 
-Only this module knows about argparse; the engine sees frozen dataclasses.
+Precedence: built-in defaults < --config file < flags given on the command line.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from zero_ref.config import AdamWConfig, ZeroConfig
+from zero_ref.ds_config import ParsedConfig, load_config
+from zero_ref.lr_schedule import SCHEDULES, LRSchedule
+
+
+class UsageError(ValueError):
+    """A bad flag, value or combination; rank 0 prints it once and the job exits 2."""
 
 
 @dataclass(frozen=True)
@@ -20,161 +27,320 @@ class RunConfig:
     data: str | None
     steps: int
     batch_size: int  # global: micro batch x grad_accum x world size
+    micro_batch_size: int
     seed: int
     log_every: int
+    quiet: bool
     init: str | None
     export: str | None
     log_jsonl: str | None
+    check_oracle: bool
+    print_params: bool
+    sample_chars: int
     context: int
     d_embed: int
     d_hidden: int
-    sample_chars: int
-
-    def micro_batch_size(self, world_size: int, grad_accum: int) -> int:
-        """batch_size / (grad_accum * world_size), which must divide evenly."""
-        per = grad_accum * world_size
-        if self.batch_size % per:
-            raise ValueError(
-                f"--batch-size {self.batch_size} does not split over --grad-accum {grad_accum} x "
-                f"{world_size} ranks: it must be a multiple of {per}"
-            )
-        return self.batch_size // per
+    n_layer: int
+    n_head: int
+    d_model: int
+    lr_schedule: LRSchedule
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+DEFAULTS = {
+    "stage": 2,
+    "bucket_numel": 8192,
+    "grad_accum": None,
+    "clip": 1.0,
+    "deterministic": False,
+    "lr": 3e-3,
+    "weight_decay": 0.01,
+    "betas": (0.9, 0.999),
+    "eps": 1e-8,
+    "lr_schedule": "constant",
+    "warmup_steps": 0,
+    "min_lr": 0.0,
+    "steps": 2000,
+    "batch_size": None,
+    "micro_batch_size": None,
+    "seed": 0,
+    "data": None,
+    "log_every": 100,
+    "quiet": False,
+    "sample_chars": 200,
+    "check_oracle": False,
+    "init": None,
+    "export": None,
+    "log_jsonl": None,
+    "config": None,
+    "print_params": False,
+    "model": "mlp",
+    "context": 8,
+    "d_embed": 16,
+    "d_hidden": 256,
+    "n_layer": 2,
+    "n_head": 4,
+    "d_model": 64,
+}
+DEFAULT_BATCH_SIZE = 256
+
+
+class _RankParser(argparse.ArgumentParser):
+    """argparse that raises instead of printing and exiting, and prints help on rank 0 only."""
+
+    def __init__(self, *args, rank: int = 0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.rank = rank
+
+    def error(self, message: str) -> None:
+        raise UsageError(message)
+
+    def print_help(self, file=None) -> None:
+        if self.rank == 0:
+            super().print_help(file)
+
+
+def build_parser(rank: int = 0) -> argparse.ArgumentParser:
+    p = _RankParser(
         prog="python -m zero_ref.train",
+        rank=rank,
+        argument_default=argparse.SUPPRESS,
         description="Train a character-level language model with ZeRO over MPI "
-        "(run with: mpirun -n 4 python -m zero_ref.train).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "(run with: mpirun -n 4 python -m zero_ref.train). Flags override --config.",
     )
-    z = p.add_argument_group("ZeRO engine")
-    z.add_argument(
-        "--stage",
-        type=int,
-        default=2,
-        choices=[0, 1, 2, 3],
-        help="0: data parallel; 1: +optimizer state sharded; 2: +gradients "
-        "sharded; 3: +parameters sharded",
-    )
-    z.add_argument(
-        "--bucket-numel",
-        type=int,
-        default=8192,
-        help="elements per gradient reduce-scatter bucket (stages 2-3)",
-    )
-    z.add_argument(
-        "--grad-accum",
-        type=int,
-        default=1,
-        help="micro-steps whose gradients are summed before each update",
-    )
-    z.add_argument(
-        "--clip", type=float, default=1.0, help="max global gradient norm; 0 turns clipping off"
-    )
-    z.add_argument(
-        "--deterministic",
-        action="store_true",
-        help="reduce in rank order: parameters bitwise equal to the single-rank "
-        "oracle (slower; see docs/determinism.md)",
-    )
-    o = p.add_argument_group("optimizer (AdamW)")
-    o.add_argument("--lr", type=float, default=3e-3, help="learning rate")
-    o.add_argument("--weight-decay", type=float, default=0.01, help="decoupled weight decay")
-    r = p.add_argument_group("run")
-    r.add_argument("--steps", type=int, default=2000, help="optimizer steps")
-    r.add_argument(
-        "--batch-size",
-        type=int,
-        default=256,
-        help="global batch: micro batch x grad-accum x world size",
-    )
-    r.add_argument("--seed", type=int, default=0, help="seed for initial weights and batches")
-    r.add_argument(
-        "--data",
-        default=None,
-        help="UTF-8 text file to train on (default: the Python language reference "
-        "shipped with CPython, pydoc_data.topics)",
-    )
-    r.add_argument("--log-every", type=int, default=100, help="print the loss every N steps")
-    r.add_argument(
-        "--sample-chars", type=int, default=200, help="characters to generate at the end (0: none)"
-    )
-    f = p.add_argument_group("files")
-    f.add_argument("--init", default=None, help="named initial parameters (.npz or .safetensors)")
-    f.add_argument(
-        "--export", default=None, help="write consolidated final parameters here (.safetensors)"
-    )
-    f.add_argument(
-        "--log-jsonl",
-        default=None,
-        help="one JSON object per step (step, loss, ...); the last holds every "
-        "rank's memory and communication ledger",
-    )
-    m = p.add_argument_group("model (character MLP)")
-    m.add_argument("--model", default="mlp", choices=["mlp"], help="model to train")
-    m.add_argument("--context", type=int, default=8, help="characters of context")
-    m.add_argument("--d-embed", type=int, default=16, help="embedding width per character")
-    m.add_argument("--d-hidden", type=int, default=256, help="hidden layer width")
+    _engine_flags(p.add_argument_group("ZeRO engine"))
+    _optimizer_flags(p.add_argument_group("optimizer (AdamW) and schedule"))
+    _run_flags(p.add_argument_group("run"))
+    _file_flags(p.add_argument_group("files"))
+    _model_flags(p.add_argument_group("model"))
     return p
 
 
-def parse_args(argv: Sequence[str] | None) -> tuple[RunConfig, ZeroConfig]:
-    """Flags -> (RunConfig, ZeroConfig); bad values raise ValueError naming the flag."""
-    a = build_parser().parse_args(argv)
-    _positive(
-        a,
-        "steps",
-        "batch_size",
-        "log_every",
-        "context",
-        "d_embed",
-        "d_hidden",
-        "bucket_numel",
-        "grad_accum",
+def _d(key: str) -> str:
+    return f" (default: {DEFAULTS[key]})"
+
+
+def _engine_flags(g) -> None:
+    g.add_argument(
+        "--stage",
+        type=int,
+        choices=[0, 1, 2, 3],
+        help="0: data parallel; "
+        "1: +optimizer state sharded; 2: +gradients sharded; 3: +parameters "
+        "sharded" + _d("stage"),
     )
-    _non_negative(a, "seed", "sample_chars", "clip")
+    g.add_argument(
+        "--bucket-numel",
+        type=int,
+        help="elements per gradient reduce-scatter bucket, stages 2-3" + _d("bucket_numel"),
+    )
+    g.add_argument(
+        "--grad-accum",
+        type=int,
+        help="micro-steps summed before each update (default: 1, or derived from the batch sizes)",
+    )
+    g.add_argument(
+        "--clip", type=float, help="max global gradient norm; 0 turns clipping off" + _d("clip")
+    )
+    g.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="reduce in rank order: "
+        "parameters bitwise equal to the single-rank oracle (docs/determinism.md)",
+    )
+
+
+def _optimizer_flags(g) -> None:
+    g.add_argument("--lr", type=float, help="peak learning rate" + _d("lr"))
+    g.add_argument("--weight-decay", type=float, help="decoupled weight decay" + _d("weight_decay"))
+    g.add_argument(
+        "--lr-schedule",
+        choices=SCHEDULES,
+        help="after warmup: constant, or "
+        "cosine decay to --min-lr at the last step" + _d("lr_schedule"),
+    )
+    g.add_argument("--warmup-steps", type=int, help="linear warmup steps" + _d("warmup_steps"))
+    g.add_argument(
+        "--min-lr", type=float, help="final learning rate of the cosine schedule" + _d("min_lr")
+    )
+
+
+def _run_flags(g) -> None:
+    g.add_argument("--steps", type=int, help="optimizer steps" + _d("steps"))
+    g.add_argument(
+        "--batch-size",
+        type=int,
+        help="global batch = micro batch x grad-accum x "
+        f"world size (default: {DEFAULT_BATCH_SIZE})",
+    )
+    g.add_argument(
+        "--micro-batch-size",
+        type=int,
+        help="sequences per rank per micro-step (default: derived from --batch-size)",
+    )
+    g.add_argument("--seed", type=int, help="seed for initial weights and batches" + _d("seed"))
+    g.add_argument(
+        "--data",
+        help="UTF-8 text file to train on (default: the Python language "
+        "reference shipped with CPython, pydoc_data.topics)",
+    )
+    g.add_argument("--log-every", type=int, help="print the loss every N steps" + _d("log_every"))
+    g.add_argument(
+        "--quiet", action="store_true", help="no progress bar or loss lines, only the final report"
+    )
+    g.add_argument(
+        "--check-oracle",
+        action="store_true",
+        help="rank 0 also runs the "
+        "single-rank oracle on the same micro-batches and prints the largest "
+        "parameter difference each step (0 in --deterministic mode)",
+    )
+    g.add_argument(
+        "--sample-chars",
+        type=int,
+        help="characters to generate at the end (0: none)" + _d("sample_chars"),
+    )
+
+
+def _file_flags(g) -> None:
+    g.add_argument("--config", help="DeepSpeed-style JSON config (docs/configs/)")
+    g.add_argument("--init", help="named initial parameters (.npz or .safetensors)")
+    g.add_argument("--export", help="write consolidated final parameters (.safetensors)")
+    g.add_argument(
+        "--log-jsonl",
+        help="one JSON object per step; the last holds every "
+        "rank's memory and communication ledger",
+    )
+
+
+def _model_flags(g) -> None:
+    g.add_argument(
+        "--model", choices=["mlp", "gpt"], help="character MLP or a small GPT" + _d("model")
+    )
+    g.add_argument(
+        "--print-params",
+        action="store_true",
+        help="list parameter names, shapes and counts, then exit",
+    )
+    g.add_argument(
+        "--context", type=int, help="characters of context (default: 8 for mlp, 64 for gpt)"
+    )
+    g.add_argument("--d-embed", type=int, help="mlp: embedding width" + _d("d_embed"))
+    g.add_argument("--d-hidden", type=int, help="mlp: hidden width" + _d("d_hidden"))
+    g.add_argument("--n-layer", type=int, help="gpt: transformer blocks" + _d("n_layer"))
+    g.add_argument("--n-head", type=int, help="gpt: attention heads" + _d("n_head"))
+    g.add_argument("--d-model", type=int, help="gpt: model width" + _d("d_model"))
+
+
+@dataclass(frozen=True)
+class Parsed:
+    run: RunConfig
+    zero: ZeroConfig
+    notes: tuple[str, ...]  # config keys accepted but not implemented, unknown keys
+
+
+def parse_args(argv: Sequence[str] | None, world_size: int = 1, rank: int = 0) -> Parsed:
+    """Flags (+ --config) -> configs; any bad value raises UsageError naming it."""
+    given = vars(build_parser(rank).parse_args(argv))
+    file = load_config(given["config"]) if given.get("config") else ParsedConfig()
+    s = {**DEFAULTS, **file.settings, **given}
+    if "context" not in given and "context" not in file.settings and s["model"] == "gpt":
+        s["context"] = 64
+    _check_ranges(s)
+    s["batch_size"], s["micro_batch_size"], s["grad_accum"] = resolve_batch(
+        s["batch_size"], s["micro_batch_size"], s["grad_accum"], world_size
+    )
+    zero = _zero_config(s)
+    schedule = _schedule(s)
+    run_fields = {f.name for f in fields(RunConfig)} - {"lr_schedule"}
+    run = RunConfig(**{k: s[k] for k in run_fields}, lr_schedule=schedule)
+    notes = [
+        f"config: {k} is accepted but not implemented yet; it has no effect"
+        for k in file.not_implemented
+    ]
+    notes += [f"config: warning: unknown key {k} (ignored)" for k in file.unknown]
+    return Parsed(run, zero, tuple(notes))
+
+
+def resolve_batch(
+    batch: int | None, micro: int | None, accum: int | None, world: int
+) -> tuple[int, int, int]:
+    """DeepSpeed's rule: train_batch_size = micro batch x accumulation x world size.
+
+    Any two determine the third; all three must agree; one alone takes the others'
+    defaults (accumulation 1)."""
+    if batch is None and micro is None:
+        batch = DEFAULT_BATCH_SIZE
+    if accum is None:
+        if batch is not None and micro is not None:
+            if batch % (micro * world):
+                raise UsageError(
+                    f"batch size {batch} is not a multiple of micro batch {micro} x {world} ranks"
+                )
+            accum = batch // (micro * world)
+        else:
+            accum = 1
+    if micro is None:
+        if batch % (accum * world):
+            raise UsageError(
+                f"batch size {batch} does not split over grad-accum {accum} x "
+                f"{world} ranks: it must be a multiple of {accum * world}"
+            )
+        micro = batch // (accum * world)
+    if batch is None:
+        batch = micro * accum * world
+    if batch != micro * accum * world:
+        raise UsageError(
+            f"batch sizes disagree: train batch {batch} != micro batch {micro} x "
+            f"grad-accum {accum} x {world} ranks = {micro * accum * world}"
+        )
+    return batch, micro, accum
+
+
+POSITIVE = (
+    "steps",
+    "log_every",
+    "context",
+    "d_embed",
+    "d_hidden",
+    "n_layer",
+    "n_head",
+    "d_model",
+    "bucket_numel",
+    "grad_accum",
+    "batch_size",
+    "micro_batch_size",
+)
+NON_NEGATIVE = ("seed", "sample_chars", "clip", "warmup_steps", "min_lr")
+
+
+def _check_ranges(s: dict) -> None:
+    for k in POSITIVE:
+        if s[k] is not None and s[k] < 1:
+            raise UsageError(f"--{k.replace('_', '-')} {s[k]} is not allowed: it must be >= 1")
+    for k in NON_NEGATIVE:
+        if s[k] < 0:
+            raise UsageError(f"--{k.replace('_', '-')} {s[k]} is not allowed: it must be >= 0")
+
+
+def _zero_config(s: dict) -> ZeroConfig:
     try:
-        optimizer = AdamWConfig(lr=a.lr, weight_decay=a.weight_decay)
-        zero = ZeroConfig(
-            stage=a.stage,
-            bucket_numel=a.bucket_numel,
-            grad_accum=a.grad_accum,
-            clip=a.clip or None,
-            deterministic=a.deterministic,
+        optimizer = AdamWConfig(
+            lr=s["lr"], betas=s["betas"], eps=s["eps"], weight_decay=s["weight_decay"]
+        )
+        return ZeroConfig(
+            stage=s["stage"],
+            bucket_numel=s["bucket_numel"],
+            grad_accum=s["grad_accum"],
+            clip=s["clip"] or None,
+            deterministic=s["deterministic"],
             optimizer=optimizer,
         )
     except ValueError as e:
-        raise ValueError(f"bad flag value: {e}") from e
-    run = RunConfig(
-        model=a.model,
-        data=a.data,
-        steps=a.steps,
-        batch_size=a.batch_size,
-        seed=a.seed,
-        log_every=a.log_every,
-        init=a.init,
-        export=a.export,
-        log_jsonl=a.log_jsonl,
-        context=a.context,
-        d_embed=a.d_embed,
-        d_hidden=a.d_hidden,
-        sample_chars=a.sample_chars,
-    )
-    return run, zero
+        raise UsageError(f"bad value: {e}") from e
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def _positive(a: argparse.Namespace, *names: str) -> None:
-    for n in names:
-        if getattr(a, n) < 1:
-            raise ValueError(f"{_flag(n)} {getattr(a, n)} is not allowed: it must be >= 1")
-
-
-def _non_negative(a: argparse.Namespace, *names: str) -> None:
-    for n in names:
-        if getattr(a, n) < 0:
-            raise ValueError(f"{_flag(n)} {getattr(a, n)} is not allowed: it must be >= 0")
+def _schedule(s: dict) -> LRSchedule:
+    try:
+        return LRSchedule(s["lr"], s["steps"], s["warmup_steps"], s["lr_schedule"], s["min_lr"])
+    except ValueError as e:
+        raise UsageError(f"bad value: {e}") from e

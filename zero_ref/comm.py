@@ -90,10 +90,10 @@ class Comm:
         )
 
     # ---- gathers
-    def allgather(self, send: np.ndarray, recv: np.ndarray) -> None:
-        """recv (W*n,) <- every rank's send (n,), in rank order."""
+    def allgather(self, send: np.ndarray, recv: np.ndarray, kind: str = "allgather") -> None:
+        """recv (W*n,) <- every rank's send (n,), in rank order; `kind` names it in the ledger."""
         _check_blocks(recv, send, self.size)
-        self._timed("allgather", send.size, 1, lambda: self.mpi.Allgather(send, recv))
+        self._timed(kind, send.size, 1, lambda: self.mpi.Allgather(send, recv))
 
     def allgather_in_place(self, buf: np.ndarray) -> None:
         """buf (W*n,): block r <- rank r's block r, for every r (MPI_IN_PLACE)."""

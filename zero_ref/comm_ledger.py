@@ -57,6 +57,9 @@ class CommLedger:
     def last_step(self) -> dict[str, dict[str, float]]:
         return self.history[-1] if self.history else {}
 
+    def last_step_sent_bytes(self) -> int:
+        return self.step_sent_bytes(self.last_step())
+
     @staticmethod
     def step_sent_bytes(totals: dict[str, dict[str, float]]) -> int:
         return int(sum(v["sent_bytes"] for v in totals.values()))

@@ -13,102 +13,113 @@ import numpy as np
 
 from zero_ref import __version__
 from zero_ref.atomic import AtomicTextLog
-from zero_ref.cli import RunConfig, parse_args
-from zero_ref.config import ZeroConfig
-from zero_ref.data import CharVocab, encode_corpus, load_text, micro_batches
-from zero_ref.models.mlp import CharMLP, MLPConfig
-from zero_ref.models.unit import forward_all, init_params
+from zero_ref.cli import Parsed, UsageError, parse_args
+from zero_ref.comm_ledger import paper_sent_bytes
+from zero_ref.data import encode_corpus, load_text
+from zero_ref.memory import fp32_formula_bytes
+from zero_ref.models.unit import init_params
+from zero_ref.progress import Progress
 from zero_ref.report import comm_table, memory_table, rank_report
+from zero_ref.tasks import Task, build_task, describe_params
 from zero_ref.tensor_io import load_named, save_safetensors
 
 
-def build(run: RunConfig, zero: ZeroConfig, world: int):
-    """Model, vocabulary, initial parameters and a batch function, before any MPI call."""
+def prepare(parsed: Parsed, world: int) -> tuple[Task, dict, object]:
+    """Corpus, task and initial parameters: all checks before the first collective."""
+    run, zero = parsed.run, parsed.zero
     vocab, tokens = encode_corpus(load_text(run.data))
-    micro = run.micro_batch_size(world, zero.grad_accum)
-    model = CharMLP(MLPConfig(vocab.size, run.context, run.d_embed, run.d_hidden))
-
-    def batches(step: int) -> tuple[np.ndarray, np.ndarray]:
-        return micro_batches(tokens, run.context, micro, world, zero.grad_accum, step, run.seed)
-
-    batches(0)  # a corpus too short for one batch fails here, on every rank alike
-    init = load_named(run.init) if run.init else init_params(model, run.seed)
-    return model, vocab, init, batches
+    task = build_task(run, vocab, tokens, world, zero.grad_accum)
+    task.batches(0)  # a corpus too short for one batch fails here, on every rank alike
+    init = load_named(run.init) if run.init else init_params(task.model, run.seed)
+    return task, init, vocab
 
 
-def sample_text(model: CharMLP, params: dict, vocab: CharVocab, n: int, seed: int) -> str:
-    """n characters from the trained MLP, starting from a window of newlines."""
-    rng = np.random.default_rng(seed)
-    start = vocab.encode("\n")[0] if "\n" in vocab.chars else 0
-    ids = [int(start)] * model.config.context
-    for _ in range(n):
-        window = np.array([ids[-model.config.context :]])
-        logits = forward_all(model, params, window)[0].astype(np.float64)
-        p = np.exp(logits - logits.max())
-        ids.append(int(rng.choice(len(p), p=p / p.sum())))
-    return vocab.decode(np.array(ids[model.config.context :]))
-
-
-def train(run: RunConfig, zero: ZeroConfig, mpi_comm) -> None:
+def train(parsed: Parsed, mpi_comm) -> None:
     from zero_ref.comm import Comm
+    from zero_ref.oracle import Oracle
     from zero_ref.stages import make_engine
 
+    run, zero = parsed.run, parsed.zero
     comm = Comm(mpi_comm, deterministic=zero.deterministic)
-    model, vocab, init, batches = build(run, zero, comm.size)
-    engine = make_engine(model, init, zero, comm)
-    say = print if comm.rank == 0 else (lambda *a, **k: None)
-    say(
-        f"zero_ref {__version__}: stage {zero.stage}, {comm.size} ranks, "
+    task, init, vocab = prepare(parsed, comm.size)
+    engine = make_engine(task.model, init, zero, comm)
+    progress = Progress(run, comm.rank == 0)
+    progress.say(
+        f"zero_ref {__version__}: {run.model}, stage {zero.stage}, {comm.size} ranks, "
         f"{engine.layout.numel:,} parameters, vocab {vocab.size}, "
-        f"{'deterministic' if zero.deterministic else 'fast'} mode",
-        flush=True,
+        f"{'deterministic' if zero.deterministic else 'fast'} mode"
+    )
+    for note in parsed.notes:
+        progress.say(note)
+    oracle = (
+        Oracle(init, zero.optimizer, zero.clip) if run.check_oracle and comm.rank == 0 else None
     )
     log = AtomicTextLog(run.log_jsonl) if run.log_jsonl and comm.rank == 0 else None
     for step in range(run.steps):
-        inputs, targets = batches(step)
+        inputs, targets = task.batches(step)
+        lr = run.lr_schedule(step + 1)
         t0 = time.perf_counter()
-        result = engine.train_step(inputs[:, comm.rank], targets[:, comm.rank])
+        result = engine.train_step(inputs[:, comm.rank], targets[:, comm.rank], lr=lr)
         step_s = time.perf_counter() - t0
-        if step % run.log_every == 0 or step == run.steps - 1:
-            say(
-                f"step {result.step:5d}  loss {result.loss:.4f}  grad norm "
-                f"{result.grad_norm:.3f}  {step_s * 1e3:.1f} ms/step",
-                flush=True,
-            )
+        record = {
+            "step": result.step,
+            "loss": result.loss,
+            "lr": lr,
+            "grad_norm": result.grad_norm,
+            "tokens_per_s": task.tokens_per_step / step_s,
+            "step_time_s": step_s,
+            "sent_bytes": comm.ledger.last_step_sent_bytes(),
+        }
+        if run.check_oracle:
+            record["oracle_max_abs_diff"] = check_oracle(engine, oracle, task, inputs, targets, lr)
+        progress.update(record)
         if log:
-            sent = sum(v["sent_bytes"] for v in comm.ledger.last_step().values())
-            log.write_line(
-                json.dumps(
-                    {
-                        "step": result.step,
-                        "loss": result.loss,
-                        "grad_norm": result.grad_norm,
-                        "lr": zero.optimizer.lr,
-                        "step_time_s": step_s,
-                        "sent_bytes": sent,
-                    }
-                )
-            )
-    finish(run, zero, engine, model, vocab, log, say)
+            log.write_line(json.dumps(record))
+    progress.close()
+    finish(parsed, engine, task, log, progress)
 
 
-def finish(run, zero, engine, model, vocab, log, say) -> None:
+def check_oracle(engine, oracle, task: Task, inputs, targets, lr: float) -> float | None:
+    """Rank 0 repeats the step in the single-rank oracle; returns the largest difference."""
+    full = engine.full_parameters()  # a collective: every rank takes part
+    if oracle is None:
+        return None
+    oracle.model_step(task.model, inputs, targets, lr)
+    expected = oracle.parameters()
+    return max(float(np.max(np.abs(full[k] - v), initial=0.0)) for k, v in expected.items())
+
+
+def finish(parsed: Parsed, engine, task: Task, log, progress: Progress) -> None:
     """Export, ledgers, sample: the collectives first, then rank 0 alone."""
+    run, zero = parsed.run, parsed.zero
     full = engine.full_parameters()  # a collective at stage 3
     reports = engine.comm.mpi.gather(rank_report(engine), root=0)
     if engine.rank != 0:
         return
     if run.export:
         save_safetensors(run.export, full)
-        say(f"exported consolidated parameters to {run.export}")
+        print(f"exported consolidated parameters to {run.export}")
     numel, world, k = engine.layout.full_numel, engine.world, zero.grad_accum
-    say(memory_table(reports, zero.stage, numel, world, k))
-    say(comm_table(reports, zero.stage, numel, world, k))
+    print(memory_table(reports, zero.stage, numel, world, k))
+    print(comm_table(reports, zero.stage, numel, world, k))
     if log:
-        log.write_line(json.dumps({"final": True, "ranks": reports}))
+        log.write_line(
+            json.dumps(
+                {
+                    "final": True,
+                    "model": run.model,
+                    "stage": zero.stage,
+                    "world_size": world,
+                    "numel_padded": numel,
+                    "formula_bytes": fp32_formula_bytes(zero.stage, numel, world, k),
+                    "paper_sent_bytes": paper_sent_bytes(zero.stage, numel, world, k),
+                    "ranks": reports,
+                }
+            )
+        )
         log.close()
     if run.sample_chars:
-        say("sample:\n" + sample_text(model, full, vocab, run.sample_chars, run.seed))
+        print("sample:\n" + task.sample(full, run.sample_chars, run.seed), flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -116,12 +127,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     world = MPI.COMM_WORLD
     try:
-        run, zero = parse_args(argv)
-        train(run, zero, world)
-    except (ValueError, FileNotFoundError) as e:
+        parsed = parse_args(argv, world.size, world.rank)
+        if parsed.run.print_params:
+            task, _, _ = prepare(parsed, world.size)
+            if world.rank == 0:
+                print(describe_params(task.model))
+            return 0
+        train(parsed, world)
+    except (UsageError, ValueError, FileNotFoundError) as e:
         if world.rank == 0:
             print(f"zero_ref.train: error: {e}", file=sys.stderr, flush=True)
         return 2
+    except SystemExit as e:  # --help
+        return int(e.code or 0)
     return 0
 
 

@@ -33,7 +33,7 @@ from zero_ref.models.transformer import (
     mlp_backward,
     mlp_forward,
 )
-from zero_ref.models.unit import ParamSpec, Unit
+from zero_ref.models.unit import ParamSpec, Unit, forward_all
 
 Params = Mapping[str, np.ndarray]
 
@@ -213,19 +213,6 @@ class GPT:
         return cross_entropy(output, targets)
 
 
-def unit_view(unit: Unit, params: Params) -> dict[str, np.ndarray]:
-    """The unit's own parameters out of a full named dict, keyed by local name."""
-    return {s.name: params[f"{unit.name}.{s.name}"] for s in unit.param_specs()}
-
-
-def forward_full(model: GPT, params: Params, ids: np.ndarray) -> np.ndarray:
-    """Logits (B, T, V) for ids (B, T), from a full dict keyed "<unit>.<param>"."""
-    x = ids
-    for unit in model.units:
-        x, _ = unit.forward(unit_view(unit, params), x)
-    return x
-
-
 def generate(
     model: GPT,
     params: Params,
@@ -244,7 +231,7 @@ def generate(
     ids = np.asarray(prompt_ids)
     for _ in range(n_new):
         window = ids[:, -model.config.context :]  # the model has no positions past context
-        logits = forward_full(model, params, window)[:, -1, :]  # (B, V)
+        logits = forward_all(model, params, window)[:, -1, :]  # (B, V)
         next_ids = _sample(logits.astype(np.float64) / temperature, rng)  # (B,)
         ids = np.concatenate([ids, next_ids[:, None].astype(ids.dtype)], axis=1)
     return ids

@@ -1,0 +1,170 @@
+"""DeepSpeed-style JSON configs, read into zero_ref's own settings.
+
+Every key DeepSpeed users write that means something here is mapped onto a
+command-line setting (the flags override the file). Keys we accept but do not
+implement yet are reported by name; unknown keys get a warning naming them;
+a wrong type or value is an error naming the key, the value and what is
+allowed. Nothing is silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A config key with a wrong type or value."""
+
+
+@dataclass
+class ParsedConfig:
+    settings: dict[str, Any] = field(default_factory=dict)  # flag dest -> value
+    not_implemented: list[str] = field(default_factory=list)  # accepted, reported once
+    unknown: list[str] = field(default_factory=list)  # warned about
+
+
+def _int(key: str, v: Any, minimum: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ConfigError(f"config {key} = {v!r}: must be an integer >= {minimum}")
+    return v
+
+
+def _num(key: str, v: Any, minimum: float = 0.0) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= minimum:
+        raise ConfigError(f"config {key} = {v!r}: must be a number >= {minimum}")
+    return float(v)
+
+
+def _bool(key: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ConfigError(f"config {key} = {v!r}: must be true or false")
+    return v
+
+
+def _section(key: str, v: Any) -> dict:
+    if not isinstance(v, dict):
+        raise ConfigError(f"config {key} = {v!r}: must be an object {{...}}")
+    return v
+
+
+TOP_LEVEL = {
+    "train_batch_size": ("batch_size", _int),
+    "train_micro_batch_size_per_gpu": ("micro_batch_size", _int),
+    "gradient_accumulation_steps": ("grad_accum", _int),
+    "gradient_clipping": ("clip", lambda k, v: _num(k, v, 0.0)),
+    "seed": ("seed", lambda k, v: _int(k, v, 0)),
+}
+OPTIMIZER_PARAMS = {
+    "lr": lambda k, v: _num(k, v, 0.0),
+    "eps": lambda k, v: _num(k, v, 0.0),
+    "weight_decay": lambda k, v: _num(k, v, 0.0),
+}
+ZERO_IMPLEMENTED = {
+    "stage": ("stage", lambda k, v: _stage(k, v)),
+    "reduce_bucket_size": ("bucket_numel", _int),
+}
+ZERO_NOT_YET = (
+    "allgather_bucket_size",
+    "overlap_comm",
+    "offload_optimizer",
+    "offload_param",
+    "sub_group_size",
+    "stage3_prefetch_bucket_size",
+    "stage3_max_live_parameters",
+)
+ZERO_ALWAYS_ON = ("contiguous_gradients",)  # zero_ref's buffers are always contiguous
+
+
+def _stage(key: str, v: Any) -> int:
+    if isinstance(v, bool) or v not in (0, 1, 2, 3):
+        raise ConfigError(f"config {key} = {v!r}: must be one of 0, 1, 2, 3")
+    return v
+
+
+def load_config(path: str | Path) -> ParsedConfig:
+    """Read and map a DeepSpeed-style JSON file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--config {path}: no such file")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--config {path}: not valid JSON ({e})") from e
+    return parse_config(_section("<top level>", raw))
+
+
+def parse_config(raw: dict) -> ParsedConfig:
+    out = ParsedConfig()
+    for key, value in raw.items():
+        if key in TOP_LEVEL:
+            dest, check = TOP_LEVEL[key]
+            out.settings[dest] = check(key, value)
+        elif key == "optimizer":
+            _optimizer(_section(key, value), out)
+        elif key == "zero_optimization":
+            _zero(_section(key, value), out)
+        elif key in ("fp16", "bf16"):
+            _precision(key, _section(key, value), out)
+        else:
+            out.unknown.append(key)
+    return out
+
+
+def _optimizer(section: dict, out: ParsedConfig) -> None:
+    for key, value in section.items():
+        if key == "type":
+            if value not in ("AdamW", "Adam"):
+                raise ConfigError(f"config optimizer.type = {value!r}: allowed 'AdamW', 'Adam'")
+        elif key == "params":
+            _optimizer_params(_section("optimizer.params", value), out)
+        else:
+            out.unknown.append(f"optimizer.{key}")
+
+
+def _optimizer_params(params: dict, out: ParsedConfig) -> None:
+    for key, value in params.items():
+        name = f"optimizer.params.{key}"
+        if key in OPTIMIZER_PARAMS:
+            out.settings[key] = OPTIMIZER_PARAMS[key](name, value)
+        elif key == "betas":
+            if not (isinstance(value, list) and len(value) == 2):
+                raise ConfigError(f"config {name} = {value!r}: must be a list [beta1, beta2]")
+            out.settings["betas"] = tuple(_num(f"{name}[{i}]", b) for i, b in enumerate(value))
+        elif key == "adam_w_mode":
+            # DeepSpeed's "Adam" defaults to decoupled weight decay (AdamW); that is ours.
+            if _bool(name, value) is False:
+                out.not_implemented.append(f"{name} = false (L2-regularized Adam)")
+        else:
+            out.unknown.append(name)
+
+
+def _zero(section: dict, out: ParsedConfig) -> None:
+    for key, value in section.items():
+        name = f"zero_optimization.{key}"
+        if key in ZERO_IMPLEMENTED:
+            dest, check = ZERO_IMPLEMENTED[key]
+            out.settings[dest] = check(name, value)
+        elif key in ZERO_ALWAYS_ON:
+            if _bool(name, value) is False:
+                out.not_implemented.append(f"{name} = false (buffers are always contiguous)")
+        elif key in ZERO_NOT_YET:
+            if _enabled(value):
+                out.not_implemented.append(name)
+        else:
+            out.unknown.append(name)
+
+
+def _enabled(value: Any) -> bool:
+    """Does a not-yet-implemented option ask for anything? (false / device none / 0 do not)."""
+    if isinstance(value, dict):
+        return value.get("device", "none") != "none"
+    return bool(value)
+
+
+def _precision(key: str, section: dict, out: ParsedConfig) -> None:
+    enabled = section.get("enabled", False)
+    if _bool(f"{key}.enabled", enabled):
+        out.not_implemented.append(f"{key} (mixed precision)")
