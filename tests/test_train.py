@@ -18,6 +18,10 @@ TEXT = (
 )
 
 
+def train_mlp(world: int, *flags: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return train(world, "--model", "mlp", *flags, timeout=timeout)
+
+
 def train(world: int, *flags: str, timeout: float = 180) -> subprocess.CompletedProcess:
     cmd = mpirun_command(world, "-m", "zero_ref.train", *flags)
     return subprocess.run(
@@ -35,7 +39,7 @@ def corpus(tmp_path_factory):
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_every_stage_trains_logs_and_exports(stage, corpus, tmp_path):
     log, out = tmp_path / "run.jsonl", tmp_path / "final.safetensors"
-    p = train(
+    p = train_mlp(
         2,
         "--stage",
         str(stage),
@@ -79,7 +83,7 @@ def test_deterministic_runs_match_across_world_sizes_given_same_init(corpus, tmp
     """--init fixes the start; with one micro-batch per rank the data differ per world
     size, so compare stage 0 and stage 3 at the same world size bitwise instead."""
     init = tmp_path / "init.npz"
-    first = train(
+    first = train_mlp(
         1,
         "--steps",
         "1",
@@ -99,7 +103,7 @@ def test_deterministic_runs_match_across_world_sizes_given_same_init(corpus, tmp
     outs = []
     for stage in (0, 3):
         out = tmp_path / f"s{stage}.safetensors"
-        p = train(
+        p = train_mlp(
             3,
             "--stage",
             str(stage),
@@ -126,7 +130,7 @@ def test_deterministic_runs_match_across_world_sizes_given_same_init(corpus, tmp
 
 
 def test_default_model_loss_falls_at_four_ranks():
-    p = train(4, "--steps", "200", "--log-every", "199", "--sample-chars", "0")
+    p = train_mlp(4, "--steps", "200", "--log-every", "199", "--sample-chars", "0")
     assert p.returncode == 0, p.stderr
     losses = [
         float(line.split("loss")[1].split()[0])
@@ -139,7 +143,7 @@ def test_default_model_loss_falls_at_four_ranks():
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--batch-size", "10"], "--batch-size 10 does not split"),
+        (["--batch-size", "10"], "batch size 10 (--batch-size / train_batch_size) does not split"),
         (["--steps", "0"], "--steps 0 is not allowed"),
         (["--lr", "-1"], "lr=-1.0 is not allowed"),
         (["--init", "missing.npz"], "missing.npz: no such file"),

@@ -24,7 +24,9 @@ class AdamWScalars:
     """The per-step float32 scalars both implementations share."""
 
     decay: np.float32  # 1 - lr * weight_decay
-    one_minus_beta1: np.float32
+    one_minus_beta1: np.float32  # the lerp weight w
+    lerp_from_end: bool  # torch's lerp: m + w (g - m) if w < 0.5, else g - (g - m)(1 - w)
+    one_minus_weight: np.float32  # 1 - w, in float32 as torch computes it
     beta2: np.float32
     one_minus_beta2: np.float32
     step_size: np.float32  # lr / (1 - beta1^t)
@@ -41,6 +43,8 @@ def adamw_scalars(cfg: AdamWConfig, step: int) -> AdamWScalars:
     return AdamWScalars(
         decay=f32(1.0 - cfg.lr * cfg.weight_decay),
         one_minus_beta1=f32(1.0 - beta1),
+        lerp_from_end=bool(abs(f32(1.0 - beta1)) >= 0.5),
+        one_minus_weight=f32(1.0) - f32(1.0 - beta1),
         beta2=f32(beta2),
         one_minus_beta2=f32(1.0 - beta2),
         step_size=f32(cfg.lr / (1.0 - beta1**step)),
@@ -63,7 +67,10 @@ def adamw_reference(
 ) -> None:
     """NumPy twin: update param, exp_avg (m) and exp_avg_sq (v) in place (all 1-D float32)."""
     param *= s.decay  # decoupled weight decay
-    exp_avg += s.one_minus_beta1 * (grad - exp_avg)  # m <- lerp(m, g, 1 - beta1)
+    if s.lerp_from_end:  # m <- lerp(m, g, 1 - beta1), the way torch evaluates it
+        exp_avg[...] = grad - (grad - exp_avg) * s.one_minus_weight
+    else:
+        exp_avg += s.one_minus_beta1 * (grad - exp_avg)
     exp_avg_sq *= s.beta2  # v <- beta2 v + (1 - beta2) g^2
     exp_avg_sq += s.one_minus_beta2 * grad * grad
     denom = np.sqrt(exp_avg_sq) / s.bias_correction2_sqrt + s.eps
@@ -71,25 +78,17 @@ def adamw_reference(
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
-def _adamw_kernel(
-    param,
-    grad,
-    exp_avg,
-    exp_avg_sq,
-    decay,
-    one_minus_beta1,
-    beta2,
-    one_minus_beta2,
-    step_size,
-    bias_correction2_sqrt,
-    eps,
-):  # pragma: no cover
+def _adamw_kernel(param, grad, exp_avg, exp_avg_sq, s):  # pragma: no cover
+    decay, w, from_end, one_minus_w, beta2, one_minus_beta2, step_size, bc2_sqrt, eps = s
     for i in numba.prange(param.shape[0]):
         g = grad[i]
         p = param[i] * decay  # decoupled weight decay
-        m = exp_avg[i] + one_minus_beta1 * (g - exp_avg[i])  # m <- lerp(m, g, 1 - beta1)
+        if from_end:  # m <- lerp(m, g, 1 - beta1), the way torch evaluates it
+            m = g - (g - exp_avg[i]) * one_minus_w
+        else:
+            m = exp_avg[i] + w * (g - exp_avg[i])
         v = exp_avg_sq[i] * beta2 + one_minus_beta2 * g * g  # v <- beta2 v + (1 - beta2) g^2
-        denom = np.sqrt(v) / bias_correction2_sqrt + eps
+        denom = np.sqrt(v) / bc2_sqrt + eps
         param[i] = p - step_size * (m / denom)
         exp_avg[i] = m
         exp_avg_sq[i] = v
@@ -105,19 +104,18 @@ def adamw_kernel(
     """Fused Numba kernel: one pass over memory, 28 bytes moved per parameter
     (read p, g, m, v; write p, m, v), parallel over the shard."""
     _check_shard(param, grad, exp_avg, exp_avg_sq)
-    _adamw_kernel(
-        param,
-        grad,
-        exp_avg,
-        exp_avg_sq,
+    scalars = (
         s.decay,
         s.one_minus_beta1,
+        s.lerp_from_end,
+        s.one_minus_weight,
         s.beta2,
         s.one_minus_beta2,
         s.step_size,
         s.bias_correction2_sqrt,
         s.eps,
     )
+    _adamw_kernel(param, grad, exp_avg, exp_avg_sq, scalars)
 
 
 def _check_shard(*arrays: np.ndarray) -> None:

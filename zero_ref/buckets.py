@@ -3,9 +3,9 @@
 Backward produces gradients from the last unit to the first. A bucket is a run
 of consecutive units, closed (in backward order) once it holds at least
 `bucket_numel` elements; it is reduce-scattered as soon as its earliest unit's
-backward is done. Whole units go to a bucket, so a unit larger than
-bucket_numel gets a bucket of its own (DeepSpeed does the same with a
-parameter larger than reduce_bucket_size).
+backward is done. Units are never split: a unit larger than bucket_numel
+closes the bucket it joins (alone, if no smaller unit was waiting), as
+DeepSpeed reduces a parameter larger than reduce_bucket_size by itself.
 
 Because every rank's slices of consecutive units are adjacent in its shard
 buffer, a bucket's reduced output is one contiguous range of the shard.

@@ -60,7 +60,7 @@ DEFAULTS = {
     "warmup_steps": 0,
     "min_lr": 0.0,
     "steps": 2000,
-    "batch_size": None,
+    "batch_size": 256,
     "micro_batch_size": None,
     "seed": 0,
     "data": None,
@@ -73,7 +73,7 @@ DEFAULTS = {
     "log_jsonl": None,
     "config": None,
     "print_params": False,
-    "model": "mlp",
+    "model": "gpt",
     "context": 8,
     "d_embed": 16,
     "d_hidden": 256,
@@ -81,7 +81,19 @@ DEFAULTS = {
     "n_head": 4,
     "d_model": 64,
 }
-DEFAULT_BATCH_SIZE = 256
+# Per-model defaults, sized so that the default run takes one to two minutes at 4
+# ranks on 2 cores; they apply unless the flag or the --config file sets the key.
+MODEL_DEFAULTS = {
+    "gpt": {
+        "context": 64,
+        "steps": 800,
+        "batch_size": 32,
+        "lr_schedule": "cosine",
+        "warmup_steps": 50,
+        "min_lr": 3e-4,
+    },
+    "mlp": {},
+}
 
 
 class _RankParser(argparse.ArgumentParser):
@@ -116,7 +128,11 @@ def build_parser(rank: int = 0) -> argparse.ArgumentParser:
 
 
 def _d(key: str) -> str:
-    return f" (default: {DEFAULTS[key]})"
+    """' (default: X)', or per model where the models differ."""
+    per_model = {m: d.get(key, DEFAULTS[key]) for m, d in MODEL_DEFAULTS.items()}
+    if len(set(per_model.values())) == 1:
+        return f" (default: {DEFAULTS[key]})"
+    return " (default: " + ", ".join(f"{v} for {m}" for m, v in per_model.items()) + ")"
 
 
 def _engine_flags(g) -> None:
@@ -169,8 +185,7 @@ def _run_flags(g) -> None:
     g.add_argument(
         "--batch-size",
         type=int,
-        help="global batch = micro batch x grad-accum x "
-        f"world size (default: {DEFAULT_BATCH_SIZE})",
+        help="global batch = micro batch x grad-accum x world size" + _d("batch_size"),
     )
     g.add_argument(
         "--micro-batch-size",
@@ -221,9 +236,7 @@ def _model_flags(g) -> None:
         action="store_true",
         help="list parameter names, shapes and counts, then exit",
     )
-    g.add_argument(
-        "--context", type=int, help="characters of context (default: 8 for mlp, 64 for gpt)"
-    )
+    g.add_argument("--context", type=int, help="characters of context" + _d("context"))
     g.add_argument("--d-embed", type=int, help="mlp: embedding width" + _d("d_embed"))
     g.add_argument("--d-hidden", type=int, help="mlp: hidden width" + _d("d_hidden"))
     g.add_argument("--n-layer", type=int, help="gpt: transformer blocks" + _d("n_layer"))
@@ -242,9 +255,10 @@ def parse_args(argv: Sequence[str] | None, world_size: int = 1, rank: int = 0) -
     """Flags (+ --config) -> configs; any bad value raises UsageError naming it."""
     given = vars(build_parser(rank).parse_args(argv))
     file = load_config(given["config"]) if given.get("config") else ParsedConfig()
-    s = {**DEFAULTS, **file.settings, **given}
-    if "context" not in given and "context" not in file.settings and s["model"] == "gpt":
-        s["context"] = 64
+    model = given.get("model", DEFAULTS["model"])
+    s = {**DEFAULTS, **MODEL_DEFAULTS[model], **file.settings, **given}
+    if "micro_batch_size" in file.settings or "micro_batch_size" in given:
+        s["batch_size"] = {**file.settings, **given}.get("batch_size")  # derive it instead
     _check_ranges(s)
     s["batch_size"], s["micro_batch_size"], s["grad_accum"] = resolve_batch(
         s["batch_size"], s["micro_batch_size"], s["grad_accum"], world_size
@@ -269,12 +283,13 @@ def resolve_batch(
     Any two determine the third; all three must agree; one alone takes the others'
     defaults (accumulation 1)."""
     if batch is None and micro is None:
-        batch = DEFAULT_BATCH_SIZE
+        raise UsageError("give a batch size or a micro batch size")
     if accum is None:
         if batch is not None and micro is not None:
             if batch % (micro * world):
                 raise UsageError(
-                    f"batch size {batch} is not a multiple of micro batch {micro} x {world} ranks"
+                    f"batch size {batch} (--batch-size / train_batch_size) is not a multiple of "
+                    f"micro batch {micro} x {world} ranks"
                 )
             accum = batch // (micro * world)
         else:
@@ -282,7 +297,8 @@ def resolve_batch(
     if micro is None:
         if batch % (accum * world):
             raise UsageError(
-                f"batch size {batch} does not split over grad-accum {accum} x "
+                f"batch size {batch} (--batch-size / train_batch_size) does not split over "
+                f"grad-accum {accum} x "
                 f"{world} ranks: it must be a multiple of {accum * world}"
             )
         micro = batch // (accum * world)

@@ -20,7 +20,9 @@ import math
 import numba
 import numpy as np
 
-_MAX_PARTIALS = 64  # a sum of float64 squares needs at most ~40 non-overlapping parts
+# Non-overlapping partials have distinct lowest set bits, so there can be no
+# more of them than float64 has bit positions (2^-1074 .. 2^1023).
+_MAX_PARTIALS = 2100
 
 
 def sumsq_exact_reference(x: np.ndarray) -> float:

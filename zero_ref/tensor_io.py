@@ -37,5 +37,5 @@ def save_safetensors(path: str | os.PathLike[str], named: dict[str, np.ndarray])
     """Write `named` as float32 safetensors, atomically."""
     if Path(path).suffix != ".safetensors":
         raise ValueError(f"{path}: --export writes .safetensors files; use that extension")
-    data = st_save({k: np.ascontiguousarray(v, np.float32) for k, v in named.items()})
+    data = st_save({k: np.array(v, np.float32, order="C") for k, v in named.items()})  # keeps 0-d
     return atomic_write_bytes(path, data)

@@ -1,0 +1,306 @@
+"""zero_ref.comm.Comm: every collective, both reduction policies, the ledger and
+the buffer checks, on COMM_SELF and on a private copy of COMM_WORLD (these
+pass at any world size), then the same on three real ranks under mpirun."""
+
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from tests.mpi_pool import REPO, mpi_env, mpirun_command
+from zero_ref.comm import Comm, Handle, OrderedReduction
+from zero_ref.comm_ledger import CommLedger
+
+BLOCKS = [0, 1, 7, 13]
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+@pytest.fixture(params=["self", "world_dup"])
+def mpi_comm(request):
+    """COMM_SELF, and a private copy of COMM_WORLD (one rank under plain pytest)."""
+    if request.param == "self":
+        yield MPI.COMM_SELF
+        return
+    dup = MPI.COMM_WORLD.Dup()
+    yield dup
+    dup.Free()
+
+
+@pytest.fixture(params=[False, True], ids=["mpi_sum", "rank_order"])
+def comm(request, mpi_comm) -> Comm:
+    return Comm(mpi_comm, deterministic=request.param)
+
+
+def send_rows(world: int, numel: int) -> np.ndarray:
+    """rows[r]: rank r's send buffer, known to every rank."""
+    rng = np.random.default_rng([world, numel])
+    return (rng.standard_normal((world, numel)) * 10.0 ** rng.uniform(-3, 3, numel)).astype(
+        np.float32
+    )
+
+
+def rank_order_sum(rows: np.ndarray) -> np.ndarray:
+    acc = rows[0].copy()
+    for r in range(1, rows.shape[0]):
+        acc = (acc + rows[r]).astype(np.float32)
+    return acc
+
+
+def check_sum(comm: Comm, got: np.ndarray, rows: np.ndarray) -> None:
+    """Bitwise the rank-order sum when deterministic, within rounding otherwise."""
+    if isinstance(comm.reduction, OrderedReduction):
+        np.testing.assert_array_equal(got.view(np.uint32), rank_order_sum(rows).view(np.uint32))
+    else:
+        exact = rows.astype(np.float64).sum(axis=0)
+        bound = comm.size * EPS32 * np.abs(rows.astype(np.float64)).sum(axis=0)
+        assert np.all(np.abs(got - exact) <= bound)
+
+
+def kind_totals(comm: Comm, kind: str) -> tuple[int, int, int]:
+    t = comm.ledger.current[kind]
+    return t.calls, t.sent_bytes, t.recv_bytes
+
+
+# ---- sums
+
+
+@pytest.mark.parametrize("n", BLOCKS)
+def test_reduce_scatter_sum(comm, n):
+    w, rank = comm.size, comm.rank
+    rows = send_rows(w, w * n)
+    recv = np.full(n, np.nan, np.float32)
+    comm.reduce_scatter_sum(rows[rank].copy(), recv)
+    check_sum(comm, recv, rows[:, rank * n : (rank + 1) * n])
+    block_bytes = (w - 1) * n * 4
+    assert kind_totals(comm, "reduce_scatter") == (1, block_bytes, block_bytes)
+
+
+@pytest.mark.parametrize("n", BLOCKS)
+def test_allreduce_sum(comm, n):
+    w, rank = comm.size, comm.rank
+    rows = send_rows(w, w * n)
+    buf = rows[rank].copy()
+    comm.allreduce_sum(buf)
+    check_sum(comm, buf, rows)
+    block_bytes = (w - 1) * n * 4
+    assert kind_totals(comm, "allreduce") == (1, 2 * block_bytes, 2 * block_bytes)
+
+
+@pytest.mark.parametrize("n", BLOCKS)
+def test_ireduce_scatter_sum_handle(comm, n):
+    w, rank = comm.size, comm.rank
+    rows = send_rows(w, w * n)
+    recv = np.full(n, np.nan, np.float32)
+    handle = comm.ireduce_scatter_sum(rows[rank].copy(), recv)
+    assert isinstance(handle, Handle) and not handle.done
+    assert kind_totals(comm, "reduce_scatter")[0] == 0  # recorded when waited on
+    handle.wait()
+    assert handle.done
+    check_sum(comm, recv, rows[:, rank * n : (rank + 1) * n])
+    block_bytes = (w - 1) * n * 4
+    assert kind_totals(comm, "reduce_scatter") == (1, block_bytes, block_bytes)
+    with pytest.raises(AssertionError, match="called twice"):
+        handle.wait()
+    assert kind_totals(comm, "reduce_scatter")[0] == 1
+
+
+# ---- gathers
+
+
+def rank_blocks(world: int, n: int) -> list[np.ndarray]:
+    return [(np.arange(n) * 0.5 + 1000 * r).astype(np.float32) for r in range(world)]
+
+
+@pytest.mark.parametrize("n", BLOCKS)
+def test_allgather(comm, n):
+    w, rank = comm.size, comm.rank
+    blocks = rank_blocks(w, n)
+    recv = np.full(w * n, np.nan, np.float32)
+    comm.allgather(blocks[rank], recv)
+    np.testing.assert_array_equal(recv, np.concatenate(blocks))
+    block_bytes = (w - 1) * n * 4
+    assert kind_totals(comm, "allgather") == (1, block_bytes, block_bytes)
+
+
+def test_allgather_kind_names_the_ledger_entry(comm):
+    w = comm.size
+    recv = np.empty(w * 3, np.float32)
+    comm.allgather(np.ones(3, np.float32), recv, kind="consolidate")
+    assert kind_totals(comm, "consolidate") == (1, (w - 1) * 12, (w - 1) * 12)
+    assert "allgather" not in comm.ledger.current
+
+
+@pytest.mark.parametrize("n", BLOCKS)
+def test_allgather_in_place(comm, n):
+    w, rank = comm.size, comm.rank
+    blocks = rank_blocks(w, n)
+    buf = np.full(w * n, np.nan, np.float32)
+    buf[rank * n : (rank + 1) * n] = blocks[rank]
+    comm.allgather_in_place(buf)
+    np.testing.assert_array_equal(buf, np.concatenate(blocks))
+    block_bytes = (w - 1) * n * 4
+    assert kind_totals(comm, "allgather") == (1, block_bytes, block_bytes)
+
+
+@pytest.mark.parametrize("n", BLOCKS)
+def test_iallgather_handle(comm, n):
+    w, rank = comm.size, comm.rank
+    blocks = rank_blocks(w, n)
+    recv = np.full(w * n, np.nan, np.float32)
+    handle = comm.iallgather(blocks[rank], recv)
+    assert kind_totals(comm, "allgather")[0] == 0
+    handle.wait()
+    np.testing.assert_array_equal(recv, np.concatenate(blocks))
+    assert kind_totals(comm, "allgather")[0] == 1
+    with pytest.raises(AssertionError, match="called twice"):
+        handle.wait()
+
+
+@pytest.mark.parametrize("n_of_rank", [lambda r: r, lambda r: 0, lambda r: 7 - r % 3])
+def test_allgather_float64(comm, n_of_rank):
+    w, rank = comm.size, comm.rank
+    parts = [np.arange(n_of_rank(r)) * 1e-300 + r for r in range(w)]
+    out = comm.allgather_float64(parts[rank])
+    assert out.dtype == np.float64
+    np.testing.assert_array_equal(out, np.concatenate(parts))
+    sent = (w - 1) * parts[rank].nbytes
+    assert kind_totals(comm, "norm") == (1, sent, out.nbytes - parts[rank].nbytes)
+
+
+def test_allreduce_float64(comm):
+    w, rank = comm.size, comm.rank
+    total = comm.allreduce_float64(rank + 0.25, kind="loss")
+    assert total == sum(r + 0.25 for r in range(w))
+    assert kind_totals(comm, "loss") == (1, 2 * (w - 1) * 8, 2 * (w - 1) * 8)
+
+
+# ---- the ledger
+
+
+def test_end_step_moves_totals_to_history(comm):
+    w, n = comm.size, 5
+    buf = np.zeros(w * n, np.float32)
+    comm.allreduce_sum(buf)
+    comm.allreduce_sum(buf)
+    comm.allgather_in_place(buf)
+    comm.allreduce_float64(1.0, kind="loss")
+    totals = comm.ledger.end_step()
+    assert list(totals) == ["allgather", "allreduce", "loss"]
+    assert totals["allreduce"]["calls"] == 2
+    assert totals["allreduce"]["sent_bytes"] == 2 * 2 * (w - 1) * n * 4
+    assert totals["allgather"]["calls"] == 1
+    assert all(v["seconds"] >= 0 for v in totals.values())
+    assert comm.ledger.history == [totals] and comm.ledger.last_step() == totals
+    assert not comm.ledger.current
+    expected_sent = (2 * 2 + 1) * (w - 1) * n * 4 + 2 * (w - 1) * 8
+    assert CommLedger.step_sent_bytes(totals) == expected_sent
+    second = comm.ledger.end_step()  # an empty step still counts
+    assert second == {} and comm.ledger.history == [totals, {}]
+
+
+def test_ledger_by_hand():
+    ledger = CommLedger()
+    assert ledger.last_step() == {}
+    ledger.record("reduce_scatter", 12, 8, 0.5)
+    ledger.record("reduce_scatter", 4, 4, 0.25)
+    ledger.record("allgather", 3, 3, 0.0)
+    step = ledger.end_step()
+    assert step == {
+        "allgather": {"calls": 1, "sent_bytes": 3, "recv_bytes": 3, "seconds": 0.0},
+        "reduce_scatter": {"calls": 2, "sent_bytes": 16, "recv_bytes": 12, "seconds": 0.75},
+    }
+    assert CommLedger.step_sent_bytes(step) == 19
+
+
+# ---- bad buffers
+
+
+def bad_calls(comm: Comm):
+    w = comm.size
+    f32, f64 = np.zeros(w * 4, np.float32), np.zeros(w * 4, np.float64)
+    strided = np.zeros(w * 8, np.float32)[::2]
+    return {
+        "allreduce float64": lambda: comm.allreduce_sum(f64),
+        "allreduce strided": lambda: comm.allreduce_sum(strided),
+        "reduce_scatter send float64": lambda: comm.reduce_scatter_sum(
+            f64, np.zeros(4, np.float32)
+        ),
+        "reduce_scatter short recv": lambda: comm.reduce_scatter_sum(f32, np.zeros(3, np.float32)),
+        "reduce_scatter long recv": lambda: comm.reduce_scatter_sum(f32, np.zeros(5, np.float32)),
+        "ireduce_scatter short recv": lambda: comm.ireduce_scatter_sum(
+            f32, np.zeros(3, np.float32)
+        ),
+        "ireduce_scatter send float64": lambda: comm.ireduce_scatter_sum(
+            f64, np.zeros(4, np.float32)
+        ),
+        "allgather recv float64": lambda: comm.allgather(np.zeros(4, np.float32), f64),
+        "allgather short recv": lambda: comm.allgather(np.zeros(5, np.float32), f32),
+        "allgather_in_place float64": lambda: comm.allgather_in_place(f64),
+        "allgather_in_place strided": lambda: comm.allgather_in_place(strided),
+        "iallgather short recv": lambda: comm.iallgather(np.zeros(3, np.float32), f32),
+    }
+
+
+BAD = list(bad_calls(Comm(MPI.COMM_SELF)))
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_buffers_raise(comm, case):
+    with pytest.raises(ValueError):
+        bad_calls(comm)[case]()
+    assert not comm.ledger.current  # nothing was recorded
+
+
+def float64_block_calls(comm: Comm) -> dict:
+    """The smaller buffer of each call (the block) given as float64."""
+    w = comm.size
+    full = np.zeros(w * 4, np.float32)
+    return {
+        "allgather": lambda: comm.allgather(np.zeros(4), full),
+        "iallgather": lambda: comm.iallgather(np.zeros(4), full).wait(),
+        "reduce_scatter": lambda: comm.reduce_scatter_sum(full, np.zeros(4)),
+        "ireduce_scatter": lambda: comm.ireduce_scatter_sum(full, np.zeros(4)).wait(),
+    }
+
+
+def test_float64_recv_block_raises_with_mpi_sum():
+    calls = float64_block_calls(Comm(MPI.COMM_SELF, deterministic=False))
+    for case in ("reduce_scatter", "ireduce_scatter"):
+        with pytest.raises(ValueError):  # mpi4py: mismatch in send and receive datatypes
+            calls[case]()
+
+
+def test_float64_recv_block_raises_with_rank_order_sum():
+    calls = float64_block_calls(Comm(MPI.COMM_SELF, deterministic=True))
+    for case in ("reduce_scatter", "ireduce_scatter"):
+        with pytest.raises(ValueError):
+            calls[case]()
+
+
+def test_float64_send_block_of_allgather_raises():
+    calls = float64_block_calls(Comm(MPI.COMM_SELF))
+    for case in ("allgather", "iallgather"):
+        with pytest.raises(ValueError):
+            calls[case]()
+
+
+# ---- three real ranks
+
+
+def test_three_ranks_under_mpirun():
+    """tests/mpi_comm_check.py: rank-order sums with cancelling values (1e8, 1, -1e8),
+    MPI_SUM within rounding, gathers, float64 exchanges and ledger bytes."""
+    script = REPO / "tests" / "mpi_comm_check.py"
+    done = subprocess.run(
+        mpirun_command(3, str(script)),
+        cwd=REPO,
+        env=mpi_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "all checks passed on 3 ranks" in done.stdout

@@ -1,0 +1,220 @@
+"""The gradient norm: the exact sum-of-squares kernel against its math.fsum twin,
+invariance to how the buffer is cut into shards, and torch's clip coefficient."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import textwrap
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mpi4py import MPI
+
+from zero_ref.comm import Comm
+from zero_ref.gradnorm import (
+    clip_coefficient,
+    combine_exact,
+    global_grad_norm,
+    sumsq_exact_reference,
+    sumsq_fast,
+    sumsq_partials,
+)
+
+SIZES = [0, 1, 7, 13, 1009, 100003]
+TINY32 = np.float32(1.4e-45)  # the smallest float32 subnormal
+
+
+def spanning(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Values from 1e-30 to 1e30, signs mixed, in random order, with exact zeros,
+    subnormals and integers sprinkled in.
+
+    On these arrays the kernel needs about 25 partials; ascending magnitudes
+    need more (see test_ascending_magnitudes_fit_the_partials_buffer)."""
+    x = (rng.choice([-1.0, 1.0], n) * 10.0 ** rng.uniform(-30, 30, n)).astype(np.float32)
+    kind = rng.integers(0, 20, n)  # 0: zero, 1: subnormal, 2: integer, else spanning
+    x[kind == 0] = 0.0
+    x[kind == 1] = TINY32 * rng.integers(1, 1 << 22, int(np.sum(kind == 1)))
+    x[kind == 2] = rng.integers(1, 1 << 23, int(np.sum(kind == 2)))
+    return x
+
+
+def as_bits(x: float) -> int:
+    return int(np.float64(x).view(np.uint64))
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("values", ["spanning", "normal", "zeros", "subnormal"])
+def test_kernel_is_bitwise_its_reference(n, values):
+    rng = np.random.default_rng(n)
+    x = {
+        "spanning": lambda: spanning(rng, n),
+        "normal": lambda: rng.standard_normal(n).astype(np.float32),
+        "zeros": lambda: np.zeros(n, np.float32),
+        "subnormal": lambda: TINY32 * rng.integers(-(1 << 22), 1 << 22, n).astype(np.float32),
+    }[values]()
+    partials = sumsq_partials(x)
+    assert partials.dtype == np.float64
+    assert as_bits(combine_exact(partials)) == as_bits(sumsq_exact_reference(x))
+
+
+def lowest_bit_exponent(x: float) -> int:
+    """e such that 2**e is the lowest set bit of x's significand."""
+    mantissa, exponent = math.frexp(x)
+    m = int(abs(mantissa) * 2**53)
+    return exponent - 53 + (m & -m).bit_length() - 1
+
+
+def test_partials_are_increasing_and_non_overlapping():
+    partials = sumsq_partials(spanning(np.random.default_rng(3), 100003)).tolist()
+    assert len(partials) > 1
+    for lo, hi in zip(partials[:-1], partials[1:], strict=True):
+        assert lo != 0 and abs(lo) < abs(hi)
+        assert abs(lo) < 2.0 ** lowest_bit_exponent(hi)  # lo lies below hi's last set bit
+
+
+def exact_sumsq(x: np.ndarray) -> float:
+    """The correctly rounded sum of squares, from exact rationals."""
+    return float(sum((Fraction(float(v)) ** 2 for v in x), Fraction(0)))
+
+
+def test_correctly_rounded_where_a_naive_sum_is_not():
+    # squares 1 + 3 * 2^-54 = 1 + 1.5 ulp(1)/2: rounds up, but 1 + 2^-54 rounds back to 1
+    x = np.array([1.0, 2.0**-27, 2.0**-27, 2.0**-27], np.float32)
+    naive = 0.0
+    for v in x.astype(np.float64):
+        naive += v * v
+    assert naive == 1.0
+    assert combine_exact(sumsq_partials(x)) == 1.0 + 2.0**-52 == exact_sumsq(x)
+
+
+# small arrays of values spanning the float32 range
+floats32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
+spanning_floats = st.one_of(
+    floats32.filter(lambda v: abs(v) < 1e30),
+    st.sampled_from([0.0, -0.0, 1.4e-45, -1e-30, 1e30, 3.0e38]),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(spanning_floats, min_size=0, max_size=60),
+    st.lists(st.integers(0, 60), max_size=6),
+)
+def test_any_cut_gives_the_same_bits(values, cuts):
+    x = np.array(values, np.float32)
+    cuts = sorted(min(c, x.size) for c in cuts)
+    pieces = np.split(x, cuts)
+    partials = np.concatenate([sumsq_partials(p) for p in pieces])
+    expected = sumsq_exact_reference(x)
+    assert as_bits(expected) == as_bits(exact_sumsq(x))
+    assert as_bits(combine_exact(partials)) == as_bits(expected)
+    assert as_bits(combine_exact(sumsq_partials(x))) == as_bits(expected)
+    # and the order of the pieces does not matter either
+    reversed_partials = np.concatenate([sumsq_partials(p) for p in pieces[::-1]])
+    assert as_bits(combine_exact(reversed_partials)) == as_bits(expected)
+
+
+OVERFLOW_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    from zero_ref.gradnorm import combine_exact, sumsq_exact_reference, sumsq_partials
+    x = np.geomspace(1e-30, 1e30, 400).astype(np.float32)  # ascending magnitudes
+    ok = combine_exact(sumsq_partials(x)) == sumsq_exact_reference(x)
+    sys.exit(0 if ok else 1)
+    """
+)
+
+
+def test_ascending_magnitudes_fit_the_partials_buffer():
+    # in a subprocess: the out-of-bounds write may crash the interpreter
+    done = subprocess.run([sys.executable, "-c", OVERFLOW_SCRIPT], timeout=120)
+    assert done.returncode == 0
+
+
+# ---- the clip coefficient
+
+
+@pytest.mark.parametrize("norm", [0.0, 1e-12, 0.5, 1.0, 3.0, 1e30])
+def test_no_clip_is_one(norm):
+    coef = clip_coefficient(norm, None)
+    assert type(coef) is np.float32 and coef == 1
+
+
+@pytest.mark.parametrize("max_norm", [1e-3, 0.5, 1.0, 7.0])
+@pytest.mark.parametrize("norm", [0.0, 1e-9, 0.25, 1.0, 7.0, 13.0, 1e20])
+def test_clip_coefficient_is_torchs(norm, max_norm):
+    """torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped to <= 1."""
+    coef = clip_coefficient(norm, max_norm)
+    assert type(coef) is np.float32
+    assert coef == np.float32(min(1.0, max_norm / (norm + 1e-6)))
+    if norm <= max_norm - 1e-6:
+        assert coef == 1
+    if norm > max_norm:
+        assert coef < 1
+        assert norm * coef <= max_norm * (1 + 1e-6)
+
+
+def test_norm_equal_to_max_still_scales_slightly():
+    assert clip_coefficient(1.0, 1.0) == np.float32(1.0 / (1.0 + 1e-6)) < 1
+
+
+# ---- global_grad_norm on one rank
+
+
+def grads_of_sizes(rng: np.random.Generator, sizes) -> list[np.ndarray]:
+    return [(rng.standard_normal(n) * 10.0 ** rng.uniform(-3, 3)).astype(np.float32) for n in sizes]
+
+
+@pytest.mark.parametrize("sizes", [[], [0], [1], [7, 0, 13], [1009, 1, 100003]])
+def test_exact_norm_without_comm(sizes):
+    grads = grads_of_sizes(np.random.default_rng(len(sizes)), sizes)
+    everything = np.concatenate(grads) if grads else np.zeros(0, np.float32)
+    expected = math.sqrt(sumsq_exact_reference(everything))
+    assert as_bits(global_grad_norm(grads, None, exact=True)) == as_bits(expected)
+
+
+@pytest.mark.parametrize("sizes", [[], [0], [1], [7, 0, 13], [1009, 1, 100003]])
+def test_fast_norm_without_comm(sizes):
+    grads = grads_of_sizes(np.random.default_rng(len(sizes)), sizes)
+    fast = global_grad_norm(grads, None, exact=False)
+    assert as_bits(fast) == as_bits(math.sqrt(sum(sumsq_fast(g) for g in grads)))
+    everything = np.concatenate(grads) if grads else np.zeros(0, np.float32)
+    exact = math.sqrt(sumsq_exact_reference(everything))
+    assert fast == pytest.approx(exact, rel=1e-5, abs=0.0)
+
+
+@pytest.fixture(params=["self", "world_dup"])
+def mpi_comm(request):
+    """COMM_SELF, and a private copy of COMM_WORLD (one rank under plain pytest)."""
+    if request.param == "self":
+        yield MPI.COMM_SELF
+        return
+    dup = MPI.COMM_WORLD.Dup()
+    yield dup
+    dup.Free()
+
+
+def test_exact_norm_over_a_comm(mpi_comm):
+    """Every rank holds the same slices: the norm is that of W copies of them."""
+    grads = grads_of_sizes(np.random.default_rng(0), [7, 13, 1009])
+    comm = Comm(mpi_comm)
+    everything = np.concatenate(grads * comm.size)
+    expected = math.sqrt(sumsq_exact_reference(everything))
+    assert as_bits(global_grad_norm(grads, comm, exact=True)) == as_bits(expected)
+    assert comm.ledger.current["norm"].calls == 1
+
+
+def test_fast_norm_over_a_comm(mpi_comm):
+    grads = grads_of_sizes(np.random.default_rng(0), [7, 13, 1009])
+    comm = Comm(mpi_comm)
+    local = global_grad_norm(grads, None, exact=False)
+    total = global_grad_norm(grads, comm, exact=False)
+    assert total == pytest.approx(local * math.sqrt(comm.size), rel=1e-6)
+    if comm.size == 1:
+        assert as_bits(total) == as_bits(local)
