@@ -58,6 +58,7 @@ def plot_memory(logs, out: Path) -> Path:
             bottom = [b + m for b, m in zip(bottom, mib, strict=True)]
         formula = sum(final["formula_bytes"].values()) / 2**20
         ax.axhline(formula, color="k", ls="--", lw=1, label="formula (params+grads+optim)")
+        ax.set_ylim(0, 1.12 * max(max(bottom), formula))
         ax.set(title=f"stage {final['stage']}", xlabel="rank")
     axes[0][0].set_ylabel("MiB held")
     axes[0][-1].legend(fontsize=7)

@@ -31,7 +31,8 @@ class Stage2GradientsSharded(Stage1OptimizerSharded):
         self.bucket_of_unit = {
             i: b for b in self.buckets for i in range(b.first_unit, b.last_unit + 1)
         }
-        max_unit = max((u.padded_numel for u in units), default=0)
+        shared = [u.padded_numel for i, u in enumerate(units) if not self._alone(i)]
+        max_unit = max(shared, default=0)  # only units that share a bucket need scratch
         max_bucket = max((b.shard_numel for b in self.buckets), default=0)
         hold = self.memory.hold
         self.shard_grads = hold(
@@ -45,18 +46,28 @@ class Stage2GradientsSharded(Stage1OptimizerSharded):
         )
         self._init_reduce_out(max_bucket)
 
+    def _alone(self, i: int) -> bool:
+        """Is unit i the only unit of its bucket?"""
+        bucket = self.bucket_of_unit[i]
+        return bucket.first_unit == bucket.last_unit
+
     def unit_grads(self, i: int) -> dict[str, np.ndarray]:
+        """Where backward writes unit i's gradients: straight into the bucket staging when
+        the unit has its bucket alone (its padded layout *is* the (W, s_u) staging
+        matrix), else into scratch, packed into the bucket afterwards."""
         unit = self.layout.units[i]
-        self.unit_grad_scratch[unit.numel : unit.padded_numel] = 0  # padding stays zero
-        return tensor_views(self.unit_grad_scratch[: unit.padded_numel], unit)
+        target = self.bucket_staging if self._alone(i) else self.unit_grad_scratch
+        target[unit.numel : unit.padded_numel] = 0  # padding stays zero
+        return tensor_views(target[: unit.padded_numel], unit)
 
     def on_unit_backward_done(self, i: int, micro: int) -> None:
         """Pack unit i's gradients into its bucket; reduce-scatter the bucket once complete."""
         unit, bucket = self.layout.units[i], self.bucket_of_unit[i]
         staging = self.bucket_staging[: self.world * bucket.shard_numel]
         staging = staging.reshape(self.world, bucket.shard_numel)  # row r: rank r's slices
-        col = unit.shard_offset - bucket.shard_offset
-        staging[:, col : col + unit.shard_numel] = rank_rows(self.unit_grad_scratch, unit)
+        if not self._alone(i):
+            col = unit.shard_offset - bucket.shard_offset
+            staging[:, col : col + unit.shard_numel] = rank_rows(self.unit_grad_scratch, unit)
         if i == bucket.first_unit:
             self.reduce_into_shard(staging.reshape(-1), bucket.shard_offset, micro)
 
