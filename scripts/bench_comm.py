@@ -1,12 +1,13 @@
 """Per-step collective time of the ZeRO engine against raw mpi4py moving the same bytes.
 
-Four measurements of one optimizer step's collectives, each a median over the
-same --steps steps after --warmup steps:
+Four measurements of one optimizer step's collectives, interleaved step by
+step and each a median over the same --steps steps after --warmup steps:
 
   engine   train_step on a ReplayModel; the seconds its CommLedger records
            (every collective of the step, summed over kinds).
-  synced   the same, with a Comm that calls Barrier (untimed) before each
-           collective, so ranks enter every collective together.
+  synced   the same, with a Comm that calls Barrier before each collective,
+           outside the ledger's timing, so ranks enter every collective
+           together; `wait` is the seconds spent in those Barriers.
   wrapper  the same calls through zero_ref.comm.Comm (checks, lambda, ledger)
            back to back on preallocated buffers: Barrier, Wtime, calls, Wtime.
   raw      the same calls straight to mpi4py on preallocated buffers of
@@ -14,8 +15,8 @@ same --steps steps after --warmup steps:
 
 overhead_ratio = engine / raw. wrapper / raw is what comm.py's own code costs;
 engine - synced is ranks arriving at a collective at different moments (after
-unequal compute) and waiting inside it; synced - wrapper is the rest (the
-buffers the engine uses, cache state after compute).
+unequal compute) and waiting inside it, which the ledger counts as
+communication; synced - wrapper is the rest (buffers, cache state).
 
     mpirun -n 4 python scripts/bench_comm.py [--params 4e6] [--units 4] [--stage 2]
 
@@ -29,7 +30,15 @@ import zero_ref  # noqa: F401  first: sets each rank's thread budget before NumP
 import argparse
 
 import numpy as np
-from bench_common import emit, gather_medians, load_average, median, replay_model, step_inputs
+from bench_common import (
+    emit,
+    gather_medians,
+    load_average,
+    median,
+    model_numel,
+    replay_model,
+    step_inputs,
+)
 from mpi4py import MPI
 
 from zero_ref.comm import Comm
@@ -92,14 +101,22 @@ def wrapper_step(comm: Comm, plan, bufs) -> None:
 
 
 class SyncedComm(Comm):
-    """A Comm whose blocking collectives first Barrier, outside the ledger's timing."""
+    """A Comm whose blocking collectives first Barrier, outside the ledger's timing;
+    wait_s adds up the seconds spent in those Barriers (how far apart ranks arrive)."""
+
+    wait_s = 0.0
+
+    def _barrier(self) -> None:
+        t0 = MPI.Wtime()
+        self.mpi.Barrier()
+        self.wait_s += MPI.Wtime() - t0
 
     def _timed(self, kind, n_block, factor, fn) -> None:
-        self.mpi.Barrier()
+        self._barrier()
         super()._timed(kind, n_block, factor, fn)
 
     def allreduce_float64(self, value: float, kind: str) -> float:
-        self.mpi.Barrier()
+        self._barrier()
         return super().allreduce_float64(value, kind)
 
 
@@ -111,8 +128,8 @@ def timed(mpi, fn) -> float:
     return MPI.Wtime() - t0
 
 
-def measure(mpi, args) -> tuple[dict, dict]:
-    """The four series, interleaved step by step so machine load hits them alike."""
+def measure(mpi, args) -> tuple[dict, dict, dict]:
+    """Per-step seconds of every series, per-kind medians, and the engine's last ledger step."""
     model = replay_model(int(args.params), args.units)
     cfg = ZeroConfig(stage=args.stage, bucket_numel=args.bucket_numel, deterministic=False)
     params = init_params(model, args.seed)
@@ -120,16 +137,20 @@ def measure(mpi, args) -> tuple[dict, dict]:
     synced = make_engine(model, params, cfg, SyncedComm(mpi))
     wrapper, plan, w = Comm(mpi), call_plan(engine), mpi.Get_size()
     bufs = {n: (np.ones(n, np.float32), np.ones(n // w, np.float32)) for _, n in plan}
-    series = {k: [] for k in ("engine", "synced", "wrapper", "raw", "step")}
-    for step in range(args.warmup + args.steps):
+    series = {k: [] for k in ("step", "wait", "raw", "wrapper")}
+    for step in range(args.warmup + args.steps):  # interleaved, so load hits all alike
         x, y = step_inputs(model, args.seed, step, mpi.Get_rank(), w)
-        wall = timed(mpi, lambda x=x, y=y: engine.train_step(x, y))
+        synced.comm.wait_s = 0.0
+        t = {"step": timed(mpi, lambda x=x, y=y: engine.train_step(x, y))}
         timed(mpi, lambda x=x, y=y: synced.train_step(x, y))
-        raw = timed(mpi, lambda: raw_step(mpi, plan, bufs))
-        wrap = timed(mpi, lambda: wrapper_step(wrapper, plan, bufs))
+        t["wait"] = synced.comm.wait_s
+        t["raw"] = timed(mpi, lambda: raw_step(mpi, plan, bufs))
+        t["wrapper"] = timed(mpi, lambda: wrapper_step(wrapper, plan, bufs))
         if step >= args.warmup:
-            for k, v in (("step", wall), ("raw", raw), ("wrapper", wrap)):
+            for k, v in t.items():
                 series[k].append(v)
+    last = engine.comm.ledger.last_step()
+    assert _calls_and_bytes(wrapper.ledger.last_step()) == _calls_and_bytes(last), "plan differs"
     ledgers = {
         "engine": engine.comm.ledger,
         "synced": synced.comm.ledger,
@@ -138,11 +159,9 @@ def measure(mpi, args) -> tuple[dict, dict]:
     kinds = {}
     for name, ledger in ledgers.items():
         timed_steps = ledger.history[args.warmup :]
-        if name != "wrapper":
-            series[name] = [sum(k["seconds"] for k in t.values()) for t in timed_steps]
-        kinds[name] = {k: median([t[k]["seconds"] for t in timed_steps]) for k in timed_steps[-1]}
-    last = engine.comm.ledger.last_step()
-    assert _calls_and_bytes(wrapper.ledger.last_step()) == _calls_and_bytes(last), "plan differs"
+        # engine, synced: the ledger's seconds; wrapper keeps its Wtime series, as raw does
+        series.setdefault(name, [sum(k["seconds"] for k in t.values()) for t in timed_steps])
+        kinds[name] = {k: median([t[k]["seconds"] for t in timed_steps]) for k in last}
     return series, kinds, last
 
 
@@ -151,7 +170,7 @@ def _calls_and_bytes(totals: dict) -> dict:
 
 
 def print_table(per_rank: dict, kinds: dict, last: dict) -> None:
-    cols = ("engine", "synced", "wrapper", "raw", "step")
+    cols = ("engine", "synced", "wrapper", "raw", "wait", "step")
     print(f"{'rank':>4}" + "".join(f" {c + ' ms':>11}" for c in cols))
     for r in range(len(per_rank["raw"])):
         print(f"{r:>4}" + "".join(f" {per_rank[c][r] * 1e3:>11.2f}" for c in cols))
@@ -192,13 +211,14 @@ def main() -> None:
             "bench": "comm",
             "world": mpi.Get_size(),
             "stage": args.stage,
-            "params": int(args.params),
+            "params": model_numel(replay_model(int(args.params), args.units)),
             "units": args.units,
             "bucket_numel": args.bucket_numel,
             "steps": args.steps,
             "engine_s": s["engine"],
             "synced_s": s["synced"],
             "wrapper_s": s["wrapper"],
+            "synced_barrier_wait_s": s["wait"],
             "raw_s": s["raw"],
             "train_step_s": s["step"],
             "overhead_ratio": s["engine"] / s["raw"],

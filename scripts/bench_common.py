@@ -27,6 +27,11 @@ def replay_model(numel: int, n_units: int) -> ReplayModel:
     )
 
 
+def model_numel(model: ReplayModel) -> int:
+    """Parameters in the model (Psi), before any padding."""
+    return sum(s.numel for u in model.units for s in u.specs)
+
+
 def step_inputs(model: ReplayModel, seed: int, step: int, rank: int, world: int):
     """This rank's (inputs, targets) for one step with grad_accum = 1."""
     contexts = model.contexts(seed, step, 1, world)  # (1, W, 4)

@@ -143,7 +143,7 @@ def test_default_model_loss_falls_at_four_ranks():
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--batch-size", "10"], "batch size 10 (--batch-size / train_batch_size) does not split"),
+        (["--batch-size", "9"], "batch size 9 (--batch-size / train_batch_size) does not split"),
         (["--steps", "0"], "--steps 0 is not allowed"),
         (["--lr", "-1"], "lr=-1.0 is not allowed"),
         (["--init", "missing.npz"], "missing.npz: no such file"),

@@ -52,6 +52,8 @@ DEFAULTS = {
     "grad_accum": None,
     "clip": 1.0,
     "deterministic": False,
+    "nonfinite": "raise",
+    "check_schedule": False,
     "lr": 3e-3,
     "weight_decay": 0.01,
     "betas": (0.9, 0.999),
@@ -89,7 +91,7 @@ MODEL_DEFAULTS = {
         "steps": 800,
         "batch_size": 32,
         "lr_schedule": "cosine",
-        "warmup_steps": 50,
+        "warmup_steps": None,  # 5% of the steps, at most 50
         "min_lr": 3e-4,
     },
     "mlp": {},
@@ -163,6 +165,18 @@ def _engine_flags(g) -> None:
         help="reduce in rank order: "
         "parameters bitwise equal to the single-rank oracle (docs/determinism.md)",
     )
+    g.add_argument(
+        "--nonfinite",
+        choices=["raise", "skip"],
+        help="a NaN/Inf gradient: raise an error naming the parameter, or skip the step on "
+        "every rank with all state untouched" + _d("nonfinite"),
+    )
+    g.add_argument(
+        "--check-schedule",
+        action="store_true",
+        help="debug: ranks agree on each collective before entering it, so a mismatch is an "
+        "error naming both sides instead of a hang (docs/reliability.md)",
+    )
 
 
 def _optimizer_flags(g) -> None:
@@ -174,7 +188,11 @@ def _optimizer_flags(g) -> None:
         help="after warmup: constant, or "
         "cosine decay to --min-lr at the last step" + _d("lr_schedule"),
     )
-    g.add_argument("--warmup-steps", type=int, help="linear warmup steps" + _d("warmup_steps"))
+    g.add_argument(
+        "--warmup-steps",
+        type=int,
+        help="linear warmup steps (default: 5%% of --steps, at most 50, for gpt; 0 for mlp)",
+    )
     g.add_argument(
         "--min-lr", type=float, help="final learning rate of the cosine schedule" + _d("min_lr")
     )
@@ -334,7 +352,7 @@ def _check_ranges(s: dict) -> None:
         if s[k] is not None and s[k] < 1:
             raise UsageError(f"--{k.replace('_', '-')} {s[k]} is not allowed: it must be >= 1")
     for k in NON_NEGATIVE:
-        if s[k] < 0:
+        if s[k] is not None and s[k] < 0:
             raise UsageError(f"--{k.replace('_', '-')} {s[k]} is not allowed: it must be >= 0")
 
 
@@ -350,13 +368,18 @@ def _zero_config(s: dict) -> ZeroConfig:
             clip=s["clip"] or None,
             deterministic=s["deterministic"],
             optimizer=optimizer,
+            nonfinite=s["nonfinite"],
+            check_schedule=s["check_schedule"],
         )
     except ValueError as e:
         raise UsageError(f"bad value: {e}") from e
 
 
 def _schedule(s: dict) -> LRSchedule:
+    warmup = s["warmup_steps"]
+    if warmup is None:  # the model's default: 5% of the run, at most 50 steps
+        warmup = min(50, s["steps"] // 20)
     try:
-        return LRSchedule(s["lr"], s["steps"], s["warmup_steps"], s["lr_schedule"], s["min_lr"])
+        return LRSchedule(s["lr"], s["steps"], warmup, s["lr_schedule"], s["min_lr"])
     except ValueError as e:
         raise UsageError(f"bad value: {e}") from e

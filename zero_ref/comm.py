@@ -9,6 +9,11 @@ Sums across ranks come from a *reduction policy*:
   OrderedReduction  an Alltoall of the blocks, then a local sum in rank order:
                     the same bytes on the wire as a ring reduce-scatter, and
                     the result bitwise equal to the oracle's rank-order sum.
+
+With check_schedule on (a debug mode), ranks first agree on what each collective
+is -- operation, count, dtype, where in the step, step -- so a rank that skips
+or reorders a collective raises ScheduleMismatchError instead of hanging (see
+zero_ref/schedule.py). That exchange is not counted in the ledger.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from collections.abc import Callable
 import numpy as np
 from mpi4py import MPI
 
+from zero_ref import schedule
 from zero_ref.comm_ledger import CommLedger
 from zero_ref.rank_order import sum_in_rank_order
 
@@ -44,12 +50,34 @@ class Handle:
 class Comm:
     """A communicator, its reduction policy and its ledger, passed explicitly."""
 
-    def __init__(self, mpi_comm: MPI.Comm, deterministic: bool = False) -> None:
+    def __init__(
+        self, mpi_comm: MPI.Comm, deterministic: bool = False, check_schedule: bool = False
+    ) -> None:
         self.mpi = mpi_comm
         self.rank = mpi_comm.Get_rank()
         self.size = mpi_comm.Get_size()
         self.ledger = CommLedger()
         self.reduction = OrderedReduction() if deterministic else MPIReduction()
+        self.check_schedule = check_schedule
+        self.step: int | None = None  # labels for the collectives that follow
+        self.where = ""
+
+    # ---- collective-schedule checking (debug)
+    def set_context(self, step: int | None = None, where: str | None = None) -> None:
+        """Label the collectives that follow: the step, and where in it ("forward hidden")."""
+        if step is not None:
+            self.step = step
+        if where is not None:
+            self.where = where
+
+    def _agree(self, op: str, count: int, dtype: str = "float32") -> None:
+        """With check_schedule: all-gather every rank's signature; raise on a mismatch."""
+        if not self.check_schedule:
+            return
+        mine = schedule.signature(op, count, dtype, self.where, self.step)
+        everyone = np.empty((self.size, mine.size), np.uint8)  # row r: rank r's signature
+        self.mpi.Allgather(mine, everyone)
+        schedule.check_agreement(everyone)
 
     # ---- bytes each rank exchanges, from the buffers of the call
     def _block_bytes(self, n_block: int) -> int:
@@ -66,6 +94,7 @@ class Comm:
     def reduce_scatter_sum(self, send: np.ndarray, recv: np.ndarray) -> None:
         """recv (n,) = sum over ranks of their send[rank*n : (rank+1)*n]; send is (W*n,)."""
         _check_blocks(send, recv, self.size)
+        self._agree("reduce_scatter", recv.size)
         self._timed(
             "reduce_scatter",
             recv.size,
@@ -76,6 +105,7 @@ class Comm:
     def allreduce_sum(self, buf: np.ndarray) -> None:
         """buf (W*n,) <- sum over ranks, in place."""
         _check_blocks(buf, None, self.size)
+        self._agree("allreduce", buf.size)
         self._timed(
             "allreduce", buf.size // self.size, 2, lambda: self.reduction.allreduce(self.mpi, buf)
         )
@@ -83,6 +113,7 @@ class Comm:
     def ireduce_scatter_sum(self, send: np.ndarray, recv: np.ndarray) -> Handle:
         """Non-blocking reduce_scatter_sum; recv is valid after handle.wait()."""
         _check_blocks(send, recv, self.size)
+        self._agree("ireduce_scatter", recv.size)
         request, finish = self.reduction.ireduce_scatter(self.mpi, send, recv)
         nbytes = self._block_bytes(recv.size)
         return Handle(
@@ -93,11 +124,13 @@ class Comm:
     def allgather(self, send: np.ndarray, recv: np.ndarray, kind: str = "allgather") -> None:
         """recv (W*n,) <- every rank's send (n,), in rank order; `kind` names it in the ledger."""
         _check_blocks(recv, send, self.size)
+        self._agree("allgather", send.size)
         self._timed(kind, send.size, 1, lambda: self.mpi.Allgather(send, recv))
 
     def allgather_in_place(self, buf: np.ndarray) -> None:
         """buf (W*n,): block r <- rank r's block r, for every r (MPI_IN_PLACE)."""
         _check_blocks(buf, None, self.size)
+        self._agree("allgather", buf.size // self.size)
         self._timed(
             "allgather", buf.size // self.size, 1, lambda: self.mpi.Allgather(MPI.IN_PLACE, buf)
         )
@@ -105,6 +138,7 @@ class Comm:
     def iallgather(self, send: np.ndarray, recv: np.ndarray) -> Handle:
         """Non-blocking allgather; recv is valid after handle.wait()."""
         _check_blocks(recv, send, self.size)
+        self._agree("iallgather", send.size)
         request = self.mpi.Iallgather(send, recv)
         nbytes = self._block_bytes(send.size)
         return Handle(
@@ -114,6 +148,7 @@ class Comm:
     # ---- small float64 exchanges (the gradient norm's partials)
     def allgather_float64(self, local: np.ndarray) -> np.ndarray:
         """Every rank's variable-length float64 array, concatenated in rank order."""
+        self._agree("allgatherv", schedule.VARIABLE, "float64")
         t0 = time.perf_counter()
         local = np.ascontiguousarray(local, dtype=np.float64)
         counts = np.empty(self.size, np.int64)
@@ -126,12 +161,23 @@ class Comm:
 
     def allreduce_float64(self, value: float, kind: str) -> float:
         """Sum of one float64 per rank (MPI's order); `kind` names it in the ledger."""
+        self._agree("allreduce", 1, "float64")
         t0 = time.perf_counter()
         out = np.empty(1, np.float64)
         self.mpi.Allreduce(np.array([value], np.float64), out, op=MPI.SUM)
         nbytes = 2 * (self.size - 1) * 8
         self.ledger.record(kind, nbytes, nbytes, time.perf_counter() - t0)
         return float(out[0])
+
+    def allreduce_min_int64(self, value: int, kind: str) -> int:
+        """Smallest of one int64 per rank; `kind` names it in the ledger."""
+        self._agree("allreduce_min", 1, "int64")
+        t0 = time.perf_counter()
+        out = np.empty(1, np.int64)
+        self.mpi.Allreduce(np.array([value], np.int64), out, op=MPI.MIN)
+        nbytes = 2 * (self.size - 1) * 8
+        self.ledger.record(kind, nbytes, nbytes, time.perf_counter() - t0)
+        return int(out[0])
 
 
 class MPIReduction:
@@ -166,9 +212,10 @@ class OrderedReduction:
 
 
 def _check_blocks(full: np.ndarray, block: np.ndarray | None, world: int) -> None:
-    """full must be contiguous float32 of W * block.size elements."""
-    if full.dtype != np.float32 or not full.flags.c_contiguous:
-        raise ValueError(f"collective buffers must be contiguous float32, got {full.dtype}")
+    """full (and block) must be contiguous float32, full holding W * block.size elements."""
+    for buf in (full,) if block is None else (full, block):
+        if buf.dtype != np.float32 or not buf.flags.c_contiguous:
+            raise ValueError(f"collective buffers must be contiguous float32, got {buf.dtype}")
     if full.size % world:
         raise ValueError(f"buffer of {full.size} elements does not split into {world} blocks")
     if block is not None and block.size * world != full.size:

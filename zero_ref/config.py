@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 STAGES = (0, 1, 2, 3)
+NONFINITE_POLICIES = ("raise", "skip")  # see zero_ref/nonfinite.py
 
 
 def _require(ok: bool, name: str, value: object, allowed: str) -> None:
@@ -33,8 +34,9 @@ class AdamWConfig:
 
     def __post_init__(self) -> None:
         _require(_finite(self.lr) and self.lr >= 0, "lr", self.lr, "a finite number >= 0")
+        ok = isinstance(self.betas, (tuple, list)) and len(self.betas) == 2
+        _require(ok, "betas", self.betas, "a pair (beta1, beta2)")
         betas = tuple(self.betas)
-        _require(len(betas) == 2, "betas", self.betas, "a pair (beta1, beta2)")
         for i, b in enumerate(betas):
             _require(_finite(b) and 0 <= b < 1, f"betas[{i}]", b, "a number in [0, 1)")
         object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
@@ -58,6 +60,10 @@ class ZeroConfig:
     clip          max global gradient norm, or None for no clipping.
     deterministic reduce in rank order so results are bitwise those of the
                   single-rank oracle (see docs/determinism.md).
+    nonfinite     a NaN/Inf gradient: "raise" an error naming the parameter, or
+                  "skip" the step on every rank, leaving all state untouched.
+    check_schedule  debug: ranks agree on each collective before entering it,
+                  so a mismatch is an error naming both sides, not a hang.
     """
 
     stage: int = 2
@@ -66,6 +72,8 @@ class ZeroConfig:
     clip: float | None = None
     deterministic: bool = False
     optimizer: AdamWConfig = field(default_factory=AdamWConfig)
+    nonfinite: str = "raise"
+    check_schedule: bool = False
 
     def __post_init__(self) -> None:
         _require(
@@ -88,6 +96,18 @@ class ZeroConfig:
             isinstance(self.deterministic, bool),
             "deterministic",
             self.deterministic,
+            "True or False",
+        )
+        _require(
+            self.nonfinite in NONFINITE_POLICIES,
+            "nonfinite",
+            self.nonfinite,
+            " or ".join(repr(p) for p in NONFINITE_POLICIES),
+        )
+        _require(
+            isinstance(self.check_schedule, bool),
+            "check_schedule",
+            self.check_schedule,
             "True or False",
         )
         _require(

@@ -16,6 +16,7 @@ from zero_ref.atomic import AtomicTextLog
 from zero_ref.cli import Parsed, UsageError, parse_args
 from zero_ref.comm_ledger import paper_sent_bytes
 from zero_ref.data import encode_corpus, load_text
+from zero_ref.failure import step_started
 from zero_ref.memory import fp32_formula_bytes
 from zero_ref.models.unit import init_params
 from zero_ref.progress import Progress
@@ -56,6 +57,7 @@ def train(parsed: Parsed, mpi_comm) -> None:
     )
     log = AtomicTextLog(run.log_jsonl) if run.log_jsonl and comm.rank == 0 else None
     for step in range(run.steps):
+        step_started(step + 1, engine)  # for error messages; fires ZERO_REF_INJECT_FAULT
         inputs, targets = task.batches(step)
         lr = run.lr_schedule(step + 1)
         t0 = time.perf_counter()
@@ -123,24 +125,30 @@ def finish(parsed: Parsed, engine, task: Task, log, progress: Progress) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from dataclasses import replace
+
     from mpi4py import MPI
 
+    from zero_ref.failure import FailureGuard
+    from zero_ref.faults import with_env_debug
+
     world = MPI.COMM_WORLD
-    try:
-        parsed = parse_args(argv, world.size, world.rank)
+    # Bad input on every rank: one message from rank 0, exit 2. Any other failure,
+    # on any rank: that rank's message, then MPI_Abort ends the whole job.
+    bad_input = (UsageError, ValueError, FileNotFoundError)
+    with FailureGuard(world, "zero_ref.train", input_errors=bad_input) as guard:
+        try:
+            parsed = parse_args(argv, world.size, world.rank)
+        except SystemExit as e:  # --help
+            return int(e.code or 0)
+        parsed = replace(parsed, zero=with_env_debug(parsed.zero))
         if parsed.run.print_params:
             task, _, _ = prepare(parsed, world.size)
             if world.rank == 0:
                 print(describe_params(task.model))
             return 0
         train(parsed, world)
-    except (UsageError, ValueError, FileNotFoundError) as e:
-        if world.rank == 0:
-            print(f"zero_ref.train: error: {e}", file=sys.stderr, flush=True)
-        return 2
-    except SystemExit as e:  # --help
-        return int(e.code or 0)
-    return 0
+    return guard.exit_code
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ the hooks that say where memory lives and which collectives run.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from zero_ref.flat import FlatLayout, build_layout, tensor_views
 from zero_ref.gradnorm import clip_coefficient, global_grad_norm
 from zero_ref.memory import MemoryLedger
 from zero_ref.models.unit import Model
+from zero_ref.nonfinite import NonFiniteGradientError, describe_full_index, locate_nonfinite
 from zero_ref.stages.packing import pack_full, unpack_full
 
 
@@ -33,6 +35,7 @@ class StepResult:
     step: int
     loss: float  # mean over all ranks and micro-steps
     grad_norm: float  # global norm of the averaged gradient, before clipping
+    skipped: bool = False  # a NaN/Inf gradient under the "skip" policy: nothing changed
 
 
 def accumulate(dst: np.ndarray, src: np.ndarray, first: bool) -> None:
@@ -59,6 +62,8 @@ class Stage0DataParallel:
         )
         self.memory = MemoryLedger()
         self.step_count = 0
+        if cfg.check_schedule:
+            comm.check_schedule = True
         self._init_params(pack_full(init_params, self.layout))
         self._init_grads()
         self._init_optimizer()
@@ -123,38 +128,50 @@ class Stage0DataParallel:
         k = self.cfg.grad_accum
         if len(inputs) != k or len(targets) != k:
             raise ValueError(f"train_step got {len(inputs)} micro-batches; grad_accum is {k}")
+        self.comm.set_context(step=self.step_count + 1)
         loss_sum = sum(self.forward_backward(inputs[j], targets[j], j) for j in range(k))
+        steps_before = self.step_count
         grad_norm = self.optimizer_step(lr)
+        self.comm.set_context(where="loss")
         loss = self.comm.allreduce_float64(loss_sum, kind="loss") / (k * self.world)
         self.comm.ledger.end_step()
-        return StepResult(self.step_count, loss, grad_norm)
+        return StepResult(self.step_count, loss, grad_norm, self.step_count == steps_before)
 
     def forward_backward(self, x: np.ndarray, targets: np.ndarray, micro: int) -> float:
         """Forward unit by unit, the loss, backward in reverse; returns the loss."""
         caches = []
         for i, unit in enumerate(self.model.units):
+            self.comm.set_context(where=f"micro-step {micro} forward {unit.name}")
             x, cache = unit.forward(self.unit_params(i), x)
             self.release_unit_params(i)
             caches.append(cache)
         loss, dout = self.model.loss(x, targets)
         for i in range(len(self.model.units) - 1, -1, -1):
             unit = self.model.units[i]
+            self.comm.set_context(where=f"micro-step {micro} backward {unit.name}")
             dout = unit.backward(self.unit_params(i), caches[i], dout, self.unit_grads(i))
             self.release_unit_params(i)
             caches[i] = None
             self.on_unit_backward_done(i, micro)
+        self.comm.set_context(where=f"micro-step {micro} gradient reduction")
         self.on_backward_done(micro)
         return loss
 
     def optimizer_step(self, lr: float | None = None) -> float:
-        """Average, clip by the global norm, AdamW on the owned slices; returns the norm."""
-        self.step_count += 1
+        """Average, clip by the global norm, AdamW on the owned slices; returns the norm.
+
+        A non-finite norm (the same on every rank) means a NaN/Inf somewhere: the
+        `nonfinite` policy raises, or skips the step with all state untouched."""
+        self.comm.set_context(where="optimizer step")
         owned = self.owned_slices()
         scale = np.float32(self.world * self.cfg.grad_accum)
         for _, grad, _, _ in owned:
             grad /= scale
         grads = [g for _, g, _, _ in owned]
         norm = global_grad_norm(grads, self.norm_comm(), exact=self.cfg.deterministic)
+        if not math.isfinite(norm) and self._skip_nonfinite(grads):
+            return norm  # params, optimizer state and step_count untouched on every rank
+        self.step_count += 1
         coef = clip_coefficient(norm, self.cfg.clip)
         s = adamw_scalars(with_lr(self.cfg.optimizer, lr), self.step_count)
         for param, grad, exp_avg, exp_avg_sq in owned:
@@ -163,6 +180,18 @@ class Stage0DataParallel:
             adamw_kernel(param, grad, exp_avg, exp_avg_sq, s)
         self.after_update()
         return norm
+
+    def _skip_nonfinite(self, grads: list[np.ndarray]) -> bool:
+        """Find the first NaN/Inf over all ranks; raise ("raise") or return True ("skip")."""
+        full_index = locate_nonfinite(grads, self.layout, self.rank, self.norm_comm())
+        if full_index is None:
+            return False  # finite gradients whose float32 norm overflowed: step as before
+        if self.cfg.nonfinite == "skip":
+            return True
+        raise NonFiniteGradientError(
+            f"non-finite gradient (NaN or Inf) in {describe_full_index(self.layout, full_index)}"
+            f" at step {self.step_count + 1}"
+        )
 
     # ---- reading the result
     def full_parameters(self) -> dict[str, np.ndarray]:

@@ -51,6 +51,7 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
         """Nothing to gather: the next forward gathers each unit when it needs it."""
 
     def full_parameters(self) -> dict[str, np.ndarray]:
+        self.comm.set_context(where="consolidate")
         units = range(len(self.layout.units))
         full = np.concatenate([self._gather_unit(i, kind="consolidate") for i in units])
         return unpack_full(full, self.layout)
