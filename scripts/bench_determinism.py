@@ -34,7 +34,7 @@ from mpi4py import MPI
 
 from zero_ref.comm import Comm
 from zero_ref.config import ZeroConfig
-from zero_ref.gradnorm import sumsq_fast, sumsq_partials
+from zero_ref.gradnorm import sumsq_bins, sumsq_fast
 from zero_ref.models.unit import init_params
 from zero_ref.stages import make_engine
 
@@ -72,7 +72,7 @@ def norm_seconds(engine, repeats: int) -> dict[str, list[float]]:
     """Seconds of this rank's norm partial over the gradient it owns, fast vs exact."""
     grads = [g for _, g, _, _ in engine.owned_slices()]
     out = {}
-    for name, partial in (("norm_fast_s", sumsq_fast), ("norm_exact_s", sumsq_partials)):
+    for name, partial in (("norm_fast_s", sumsq_fast), ("norm_exact_s", sumsq_bins)):
         out[name] = []
         for _ in range(repeats):
             t0 = MPI.Wtime()

@@ -159,15 +159,14 @@ def test_iallgather_handle(comm, n):
         handle.wait()
 
 
-@pytest.mark.parametrize("n_of_rank", [lambda r: r, lambda r: 0, lambda r: 7 - r % 3])
-def test_allgather_float64(comm, n_of_rank):
+@pytest.mark.parametrize("n", [0, 1, 255 * 2])
+def test_allreduce_int64_is_an_exact_sum(comm, n):
     w, rank = comm.size, comm.rank
-    parts = [np.arange(n_of_rank(r)) * 1e-300 + r for r in range(w)]
-    out = comm.allgather_float64(parts[rank])
-    assert out.dtype == np.float64
-    np.testing.assert_array_equal(out, np.concatenate(parts))
-    sent = (w - 1) * parts[rank].nbytes
-    assert kind_totals(comm, "norm") == (1, sent, out.nbytes - parts[rank].nbytes)
+    out = comm.allreduce_int64(np.full(n, (1 << 50) + rank, np.int64), kind="norm")
+    assert out.dtype == np.int64
+    np.testing.assert_array_equal(out, np.full(n, sum((1 << 50) + r for r in range(w))))
+    sent = 2 * (w - 1) * n * 8 // w
+    assert kind_totals(comm, "norm") == (1, sent, sent)
 
 
 def test_allreduce_float64(comm):

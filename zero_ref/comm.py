@@ -146,17 +146,15 @@ class Comm:
         )
 
     # ---- small float64 exchanges (the gradient norm's partials)
-    def allgather_float64(self, local: np.ndarray) -> np.ndarray:
-        """Every rank's variable-length float64 array, concatenated in rank order."""
-        self._agree("allgatherv", schedule.VARIABLE, "float64")
+    def allreduce_int64(self, buf: np.ndarray, kind: str) -> np.ndarray:
+        """Elementwise sum of an int64 array over ranks. Integer addition is exact and
+        associative, so the result does not depend on MPI's order."""
+        self._agree("allreduce", buf.size, "int64")
         t0 = time.perf_counter()
-        local = np.ascontiguousarray(local, dtype=np.float64)
-        counts = np.empty(self.size, np.int64)
-        self.mpi.Allgather(np.array([local.size], np.int64), counts)
-        out = np.empty(int(counts.sum()), np.float64)
-        self.mpi.Allgatherv(local, [out, counts])
-        nbytes = (self.size - 1) * local.nbytes
-        self.ledger.record("norm", nbytes, int(out.nbytes - local.nbytes), time.perf_counter() - t0)
+        out = np.empty_like(buf, dtype=np.int64)
+        self.mpi.Allreduce(np.ascontiguousarray(buf, np.int64), out, op=MPI.SUM)
+        nbytes = 2 * (self.size - 1) * out.nbytes // self.size
+        self.ledger.record(kind, nbytes, nbytes, time.perf_counter() - t0)
         return out
 
     def allreduce_float64(self, value: float, kind: str) -> float:
