@@ -33,7 +33,7 @@ def memory_table(reports: list[dict], stage: int, numel: int, world: int, k: int
         held = r["memory_bytes"]
         cells = "".join(f" {_mib(held[c])}" for c in CATEGORIES)
         lines.append(f"{r['rank']:>4}{cells} {_mib(sum(held.values()))} {_mib(r['peak_bytes'])}")
-    cells = "".join(f" {_mib(formula.get(c, 0))}" for c in CATEGORIES)
+    cells = "".join(f" {_mib(formula[c])}" if c in formula else f"{'-':>10}" for c in CATEGORIES)
     lines.append(f"{'fp32':>4}{cells} {_mib(sum(formula.values()))}   <- formula for this stage")
     paper = paper_formula_bytes(stage, numel, world)
     lines.append(f"paper, mixed precision K=12: {_mib(paper).strip()} MiB of model states per rank")
