@@ -1,4 +1,5 @@
-"""Shared fixtures: MPI worker pools, one per world size, started on first use."""
+"""Shared fixtures: MPI worker pools, one per world size, started on first use and
+closed when the test module that used them ends."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 from tests.mpi_pool import MPIPool
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def mpi_pools():
     pools: dict[int, MPIPool] = {}
 

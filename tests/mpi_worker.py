@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import traceback
 
 import numpy as np
@@ -120,10 +121,19 @@ def compare(full, expected, same_on_all_ranks, norm, oracle_norm) -> dict:
     }
 
 
+def wait_without_spinning(world: MPI.Comm) -> None:
+    """Block until rank 0 has the next case, sleeping rather than busy-polling: an
+    idle pool must not spin on the cores that the other tests' MPI jobs need."""
+    request = world.Ibarrier()
+    while not request.Test():
+        time.sleep(0.005)
+
+
 def main() -> None:
     world = MPI.COMM_WORLD
     while True:
         line = sys.stdin.readline() if world.rank == 0 else None
+        wait_without_spinning(world)
         line = world.bcast(line, root=0)
         if not line:
             return
