@@ -4,6 +4,7 @@ closed when the test module that used them ends."""
 from __future__ import annotations
 
 import pytest
+from mpi4py import MPI
 
 from tests.mpi_pool import MPIPool
 
@@ -20,3 +21,14 @@ def mpi_pools():
     yield get
     for pool in pools.values():
         pool.close()
+
+
+@pytest.fixture(params=["self", "world_dup"])
+def mpi_comm(request):
+    """COMM_SELF, and a private copy of COMM_WORLD (one rank under plain pytest)."""
+    if request.param == "self":
+        yield MPI.COMM_SELF
+        return
+    dup = MPI.COMM_WORLD.Dup()
+    yield dup
+    dup.Free()

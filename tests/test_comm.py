@@ -18,17 +18,6 @@ BLOCKS = [0, 1, 7, 13]
 EPS32 = float(np.finfo(np.float32).eps)
 
 
-@pytest.fixture(params=["self", "world_dup"])
-def mpi_comm(request):
-    """COMM_SELF, and a private copy of COMM_WORLD (one rank under plain pytest)."""
-    if request.param == "self":
-        yield MPI.COMM_SELF
-        return
-    dup = MPI.COMM_WORLD.Dup()
-    yield dup
-    dup.Free()
-
-
 @pytest.fixture(params=[False, True], ids=["mpi_sum", "rank_order"])
 def comm(request, mpi_comm) -> Comm:
     return Comm(mpi_comm, deterministic=request.param)

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mpi4py import MPI
 
 from zero_ref.comm import Comm
 from zero_ref.gradnorm import (
@@ -149,17 +148,6 @@ def test_fast_norm_without_comm(sizes):
     everything = np.concatenate(grads) if grads else np.zeros(0, np.float32)
     exact = math.sqrt(sumsq_exact_reference(everything))
     assert fast == pytest.approx(exact, rel=1e-5, abs=0.0)
-
-
-@pytest.fixture(params=["self", "world_dup"])
-def mpi_comm(request):
-    """COMM_SELF, and a private copy of COMM_WORLD (one rank under plain pytest)."""
-    if request.param == "self":
-        yield MPI.COMM_SELF
-        return
-    dup = MPI.COMM_WORLD.Dup()
-    yield dup
-    dup.Free()
 
 
 def test_exact_norm_over_a_comm(mpi_comm):

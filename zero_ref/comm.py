@@ -149,33 +149,28 @@ class Comm:
     def allreduce_int64(self, buf: np.ndarray, kind: str) -> np.ndarray:
         """Elementwise sum of an int64 array over ranks. Integer addition is exact and
         associative, so the result does not depend on MPI's order."""
-        self._agree("allreduce", buf.size, "int64")
-        t0 = time.perf_counter()
-        out = np.empty_like(buf, dtype=np.int64)
-        self.mpi.Allreduce(np.ascontiguousarray(buf, np.int64), out, op=MPI.SUM)
-        nbytes = 2 * (self.size - 1) * out.nbytes // self.size
-        self.ledger.record(kind, nbytes, nbytes, time.perf_counter() - t0)
-        return out
+        return self._allreduce_small(np.ascontiguousarray(buf, np.int64), MPI.SUM, kind)
 
     def allreduce_float64(self, value: float, kind: str) -> float:
         """Sum of one float64 per rank (MPI's order); `kind` names it in the ledger."""
-        self._agree("allreduce", 1, "float64")
-        t0 = time.perf_counter()
-        out = np.empty(1, np.float64)
-        self.mpi.Allreduce(np.array([value], np.float64), out, op=MPI.SUM)
-        nbytes = 2 * (self.size - 1) * 8
-        self.ledger.record(kind, nbytes, nbytes, time.perf_counter() - t0)
-        return float(out[0])
+        return float(self._allreduce_small(np.array([value], np.float64), MPI.SUM, kind)[0])
 
     def allreduce_min_int64(self, value: int, kind: str) -> int:
         """Smallest of one int64 per rank; `kind` names it in the ledger."""
-        self._agree("allreduce_min", 1, "int64")
+        return int(self._allreduce_small(np.array([value], np.int64), MPI.MIN, kind)[0])
+
+    def _allreduce_small(self, values: np.ndarray, op: MPI.Op, kind: str) -> np.ndarray:
+        """Allreduce of a small array (norms, losses, flags); ledger bytes as for a
+        ring all-reduce, 2 (W-1)/W of the array, at least one element each way."""
+        op_name = "allreduce" if op == MPI.SUM else "allreduce_min"
+        self._agree(op_name, values.size, values.dtype.name)
         t0 = time.perf_counter()
-        out = np.empty(1, np.int64)
-        self.mpi.Allreduce(np.array([value], np.int64), out, op=MPI.MIN)
-        nbytes = 2 * (self.size - 1) * 8
+        out = np.empty_like(values)
+        self.mpi.Allreduce(values, out, op=op)
+        per_block = max(values.nbytes // self.size, values.itemsize) if values.size else 0
+        nbytes = 2 * (self.size - 1) * per_block
         self.ledger.record(kind, nbytes, nbytes, time.perf_counter() - t0)
-        return int(out[0])
+        return out
 
 
 class MPIReduction:
