@@ -21,8 +21,9 @@ from pathlib import Path
 
 
 def run_stage(stage: int, a: argparse.Namespace, log: Path) -> list[dict]:
+    beside = Path(sys.executable).with_name("mpirun")  # where the mpich wheel puts it
     cmd = [
-        "mpirun",
+        str(beside) if beside.exists() else "mpirun",
         "-n",
         str(a.world),
         sys.executable,

@@ -15,9 +15,16 @@ WORKER = Path(__file__).with_name("mpi_worker.py")
 REPO = WORKER.parent.parent
 
 
+def mpirun() -> str:
+    """The mpirun installed beside this Python (the mpich wheel puts it there, where a
+    fresh shell may not have it on PATH yet), else the one on PATH."""
+    beside = Path(sys.executable).with_name("mpirun")
+    return str(beside) if beside.exists() else "mpirun"
+
+
 def mpirun_command(world: int, *args: str) -> list[str]:
     """mpirun for `world` ranks of this Python; oversubscribing a small machine is fine."""
-    return ["mpirun", "-n", str(world), sys.executable, *args]
+    return [mpirun(), "-n", str(world), sys.executable, *args]
 
 
 def mpi_env() -> dict[str, str]:
