@@ -212,15 +212,14 @@ def test_a_skipped_gather_without_the_check_is_still_no_hang(tmp_path):
         tmp_path, "--stage", "3", env={"ZERO_REF_INJECT_FAULT": "skip_gather:rank=1:step=3"}
     )
     assert_ended_cleanly(job)
-    assert "Message truncated" in job.stderr, job.stderr[-3000:]
     # Which comes first is a race: MPI's own fatal-error abort, or the guard of the
-    # rank whose call failed.
+    # rank whose call failed; MPI's "Message truncated" line may not even be flushed.
     who = "that rank's guard" if job.returncode == 1 else "MPI itself"
+    said = "reports 'Message truncated'" if "Message truncated" in job.stderr else "fails"
     record(
         "one rank skips a unit's gather (stage 3), schedule check off",
         "skip_gather:rank=1:step=3",
-        f"MPI reports 'Message truncated' on another rank; {who} aborts the job; "
-        "the error names no unit",
+        f"MPI {said} on another rank; {who} aborts the job; the error names no unit",
         job,
         job.seconds_after_fault(),
     )
