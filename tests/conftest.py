@@ -3,10 +3,19 @@ closed when the test module that used them ends."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import settings
 from mpi4py import MPI
 
 from tests.mpi_pool import MPIPool
+
+# In CI (CI=true) hypothesis draws the same examples on every run, so a red build
+# always means a change broke something; locally it explores new examples each run.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 @pytest.fixture(scope="module")
