@@ -4,7 +4,9 @@ The engine registers every array it keeps (`hold`) under a category:
 params, grads, optimizer, buffers (bucket staging, unit scratch). The ledger
 sums their `nbytes` when asked, so a stage that quietly keeps a full copy
 shows it. Arrays that live only for a moment (stage 3's gathered units) go
-through `hold`/`drop` and leave a high-water mark.
+through `hold`/`drop` and leave a high-water mark. Not counted: activations
+(the model's, not ZeRO's), MPI's internal buffers, and the receive rows the
+deterministic reduction allocates for the length of one call.
 
 Formulas (Sec. 5.1-5.3 of the paper, per rank, Psi parameters, Nd ranks):
   mixed precision, K = 12:  stage 0: (2 + 2 + K) Psi      stage 1: (2 + 2 + K/Nd) Psi

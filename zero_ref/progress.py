@@ -39,6 +39,8 @@ class Progress:
             loss=f"{r['loss']:.3f}", tok_s=f"{r['tokens_per_s']:,.0f}", refresh=False
         )
         step = r["step"]
+        if r.get("skipped"):
+            self.say(f"step {step + 1}: NaN/Inf gradient, step skipped on every rank")
         if (step - 1) % self.run.log_every == 0 or step == self.run.steps:
             line = (
                 f"step {step:5d}  loss {r['loss']:.4f}  lr {r['lr']:.2e}  grad norm "

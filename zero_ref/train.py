@@ -71,6 +71,7 @@ def train(parsed: Parsed, mpi_comm) -> None:
             "tokens_per_s": task.tokens_per_step / step_s,
             "step_time_s": step_s,
             "sent_bytes": comm.ledger.last_step_sent_bytes(),
+            "skipped": result.skipped,
         }
         if run.check_oracle:
             record["oracle_max_abs_diff"] = check_oracle(engine, oracle, task, inputs, targets, lr)
