@@ -196,3 +196,8 @@ def test_gpt_context_default_and_schedule():
 def test_lr_schedule_validation():
     with pytest.raises(ValueError, match="lr schedule 'linear'"):
         LRSchedule(1.0, 10, kind="linear")
+
+
+def test_betas_outside_zero_one_name_the_config_key():
+    with pytest.raises(ConfigError, match=r"optimizer.params.betas\[1\] = 1.5"):
+        parse_config({"optimizer": {"params": {"betas": [0.9, 1.5]}}})

@@ -174,3 +174,12 @@ def test_sequence_batches_name_seq_len():
 def test_tokens_must_be_1d_ints():
     with pytest.raises(ValueError, match="1-D int array"):
         micro_batches(np.zeros(100), 4, 1, 1, 1, 0, 0)
+
+
+def test_unigram_entropy():
+    import math
+
+    from zero_ref.data import unigram_entropy
+
+    assert unigram_entropy(np.array([0, 1, 0, 1], np.int32)) == pytest.approx(math.log(2))
+    assert unigram_entropy(np.array([3, 3, 3], np.int32)) == 0.0

@@ -184,7 +184,8 @@ def test_a_skipped_gather_is_a_schedule_error_naming_both_sides(tmp_path):
         tmp_path,
         "--stage",
         "3",
-        env={"ZERO_REF_INJECT_FAULT": "skip_gather:rank=1:step=3", "ZERO_REF_CHECK_SCHEDULE": "1"},
+        "--check-schedule",
+        env={"ZERO_REF_INJECT_FAULT": "skip_gather:rank=1:step=3"},
     )
     assert_ended_cleanly(job)
     assert job.stderr.count("ScheduleMismatchError") == 1, job.stderr

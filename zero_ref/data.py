@@ -109,6 +109,14 @@ def encode_corpus(text: str) -> tuple[CharVocab, np.ndarray]:
     return vocab, vocab.encode(text)
 
 
+def unigram_entropy(tokens: np.ndarray) -> float:
+    """Entropy of the character frequencies, nats per character: the loss of a model
+    that ignores context, the bar a language model must get below."""
+    counts = np.bincount(tokens)
+    p = counts[counts > 0] / tokens.size
+    return float(-(p * np.log(p)).sum())
+
+
 def micro_batches(
     tokens: np.ndarray,
     context: int,

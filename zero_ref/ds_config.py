@@ -38,6 +38,12 @@ def _num(key: str, v: Any, minimum: float = 0.0) -> float:
     return float(v)
 
 
+def _beta(key: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
+        raise ConfigError(f"config {key} = {v!r}: must be a number in [0, 1)")
+    return float(v)
+
+
 def _bool(key: str, v: Any) -> bool:
     if not isinstance(v, bool):
         raise ConfigError(f"config {key} = {v!r}: must be true or false")
@@ -132,7 +138,7 @@ def _optimizer_params(params: dict, out: ParsedConfig) -> None:
         elif key == "betas":
             if not (isinstance(value, list) and len(value) == 2):
                 raise ConfigError(f"config {name} = {value!r}: must be a list [beta1, beta2]")
-            out.settings["betas"] = tuple(_num(f"{name}[{i}]", b) for i, b in enumerate(value))
+            out.settings["betas"] = tuple(_beta(f"{name}[{i}]", b) for i, b in enumerate(value))
         elif key == "adam_w_mode":
             # DeepSpeed's "Adam" defaults to decoupled weight decay (AdamW); that is ours.
             if _bool(name, value) is False:

@@ -17,14 +17,10 @@ One environment variable, read only here, at the top of each training step
 other ranks are already in the step's collectives. Each fault prints one line
 "zero_ref fault: ... at t=<unix time>" to stderr as it fires, so a test can
 time how long the job takes to end after it.
-
-ZERO_REF_CHECK_SCHEDULE=1 is the other debug switch read from the environment
-(as TORCH_DISTRIBUTED_DEBUG is): it turns on ZeroConfig.check_schedule.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import sys
@@ -35,7 +31,6 @@ from dataclasses import dataclass
 import numpy as np
 
 FAULT_ENV = "ZERO_REF_INJECT_FAULT"
-CHECK_SCHEDULE_ENV = "ZERO_REF_CHECK_SCHEDULE"
 KINDS = ("raise", "kill", "skip_gather", "nan", "inf")
 
 
@@ -121,10 +116,3 @@ def _on_next_call(obj, name: str, action: Callable) -> None:
         return action(original, *args, **kwargs)
 
     setattr(obj, name, once)
-
-
-def with_env_debug(zero, environ: Mapping[str, str] = os.environ):
-    """ZeroConfig with check_schedule turned on when ZERO_REF_CHECK_SCHEDULE=1."""
-    if environ.get(CHECK_SCHEDULE_ENV, "0") in ("", "0"):
-        return zero
-    return dataclasses.replace(zero, check_schedule=True)

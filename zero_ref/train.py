@@ -15,7 +15,7 @@ from zero_ref import __version__
 from zero_ref.atomic import AtomicTextLog
 from zero_ref.cli import Parsed, UsageError, parse_args
 from zero_ref.comm_ledger import paper_sent_bytes
-from zero_ref.data import encode_corpus, load_text
+from zero_ref.data import encode_corpus, load_text, unigram_entropy
 from zero_ref.failure import step_started
 from zero_ref.memory import fp32_formula_bytes
 from zero_ref.models.unit import init_params
@@ -25,14 +25,14 @@ from zero_ref.tasks import Task, build_task, describe_params
 from zero_ref.tensor_io import load_named, save_safetensors
 
 
-def prepare(parsed: Parsed, world: int) -> tuple[Task, dict, object]:
+def prepare(parsed: Parsed, world: int) -> tuple[Task, dict, object, np.ndarray]:
     """Corpus, task and initial parameters: all checks before the first collective."""
     run, zero = parsed.run, parsed.zero
     vocab, tokens = encode_corpus(load_text(run.data))
     task = build_task(run, vocab, tokens, world, zero.grad_accum)
     task.batches(0)  # a corpus too short for one batch fails here, on every rank alike
     init = load_named(run.init) if run.init else init_params(task.model, run.seed)
-    return task, init, vocab
+    return task, init, vocab, tokens
 
 
 def train(parsed: Parsed, mpi_comm) -> None:
@@ -42,13 +42,14 @@ def train(parsed: Parsed, mpi_comm) -> None:
 
     run, zero = parsed.run, parsed.zero
     comm = Comm(mpi_comm, deterministic=zero.deterministic)
-    task, init, vocab = prepare(parsed, comm.size)
+    task, init, vocab, tokens = prepare(parsed, comm.size)
     engine = make_engine(task.model, init, zero, comm)
     progress = Progress(run, comm.rank == 0)
     progress.say(
         f"zero_ref {__version__}: {run.model}, stage {zero.stage}, {comm.size} ranks, "
         f"{engine.layout.numel:,} parameters, vocab {vocab.size}, "
-        f"{'deterministic' if zero.deterministic else 'fast'} mode"
+        f"{'deterministic' if zero.deterministic else 'fast'} mode; corpus {tokens.size:,} "
+        f"characters, unigram entropy {unigram_entropy(tokens):.3f} nats/char"
     )
     for note in parsed.notes:
         progress.say(note)
@@ -126,12 +127,9 @@ def finish(parsed: Parsed, engine, task: Task, log, progress: Progress) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from dataclasses import replace
-
     from mpi4py import MPI
 
     from zero_ref.failure import FailureGuard
-    from zero_ref.faults import with_env_debug
 
     world = MPI.COMM_WORLD
     # Bad input on every rank: one message from rank 0, exit 2. Any other failure,
@@ -142,9 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parsed = parse_args(argv, world.size, world.rank)
         except SystemExit as e:  # --help
             return int(e.code or 0)
-        parsed = replace(parsed, zero=with_env_debug(parsed.zero))
         if parsed.run.print_params:
-            task, _, _ = prepare(parsed, world.size)
+            task, _, _, _ = prepare(parsed, world.size)
             if world.rank == 0:
                 print(describe_params(task.model))
             return 0
