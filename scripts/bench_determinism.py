@@ -32,7 +32,7 @@ from bench_common import (
 )
 from mpi4py import MPI
 
-from zero_ref.comm import Comm
+from zero_ref.comm import comm_for
 from zero_ref.config import ZeroConfig
 from zero_ref.gradnorm import sumsq_bins, sumsq_fast
 from zero_ref.models.unit import init_params
@@ -43,14 +43,12 @@ MODES = {"fast": False, "deterministic": True}
 
 def time_stage(mpi, model, params, stage: int, args) -> dict[str, list[float]]:
     """Per-step seconds of train_step and of its collectives, for both modes."""
-    engines = {
-        mode: make_engine(
-            model,
-            params,
-            ZeroConfig(stage=stage, bucket_numel=args.bucket_numel, deterministic=det),
-            Comm(mpi, deterministic=det),
-        )
+    configs = {
+        mode: ZeroConfig(stage=stage, bucket_numel=args.bucket_numel, deterministic=det)
         for mode, det in MODES.items()
+    }
+    engines = {
+        mode: make_engine(model, params, cfg, comm_for(mpi, cfg)) for mode, cfg in configs.items()
     }
     samples = {f"{mode}_{k}": [] for mode in MODES for k in ("s", "comm_s")}
     for step in range(args.warmup + args.steps):

@@ -2,9 +2,10 @@
 
     python tests/atomic_fault_writer.py file|log PATH
 
-`file` writes PATH through zero_ref.atomic.atomic_write, `log` through
-AtomicTextLog, one 64 KiB chunk (or line) at a time, printing "chunk N" after
-each so the test knows the temporary file is half written when it kills us.
+`file` writes PATH through zero_ref.atomic.atomic_write, `log` through the
+metrics log (zero_ref.metrics_log.JsonlLog), one 64 KiB chunk (or line) at a
+time, printing "chunk N" after each so the test knows the file is half written
+when it kills us.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 import sys
 import time
 
-from zero_ref.atomic import AtomicTextLog, atomic_write
+from zero_ref.atomic import atomic_write
+from zero_ref.metrics_log import JsonlLog
 
 CHUNKS, CHUNK_BYTES = 1000, 1 << 16
 
@@ -28,8 +30,8 @@ def main(kind: str, path: str) -> None:
     if kind == "file":
         atomic_write(path, lambda f: slow_chunks(lambda i: f.write(bytes([i % 256]) * CHUNK_BYTES)))
     else:
-        log = AtomicTextLog(path)
-        slow_chunks(lambda i: log.write_line(f'{{"step": {i}, "pad": "{"x" * 1000}"}}'))
+        log = JsonlLog(path)
+        slow_chunks(lambda i: log.write({"step": i, "pad": "x" * 1000}))
         log.close()
 
 

@@ -8,13 +8,14 @@ job exits 1 if there were any (an exception aborts the whole job instead).
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 
 import numpy as np
 from mpi4py import MPI
 
-from zero_ref.comm import Comm
+from zero_ref.comm import Comm, MPIReduction, OrderedReduction
 
 BLOCKS = [0, 1, 7, 13, 1009]
 EPS32 = float(np.finfo(np.float32).eps)
@@ -77,7 +78,7 @@ def check_reductions(mpi: MPI.Comm, check: Checks) -> None:
                     other_order = rank_order_sum(rows[::-1])
                     check(not same_bits(expected, other_order), f"{tag}: order does not matter")
 
-                comm = Comm(mpi, deterministic)
+                comm = Comm(mpi, OrderedReduction() if deterministic else MPIReduction())
                 recv = np.full(n, np.nan, np.float32)
                 comm.reduce_scatter_sum(rows[rank].copy(), recv)
                 handle_recv = np.full(n, np.nan, np.float32)
@@ -173,6 +174,7 @@ def main() -> int:
         traceback.print_exc()
         sys.stderr.flush()
         MPI.COMM_WORLD.Abort(2)
+        os._exit(2)  # MPI_Abort can return; never go on to print "all checks passed"
     everyone = mpi.gather(check.failures, root=0)
     mpi.Free()
     if MPI.COMM_WORLD.Get_rank() == 0:

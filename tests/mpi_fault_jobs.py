@@ -15,7 +15,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from zero_ref.comm import Comm
+from zero_ref.comm import comm_for
 from zero_ref.config import ZeroConfig
 from zero_ref.failure import FailureGuard
 from zero_ref.faults import Fault, arm
@@ -64,7 +64,7 @@ def engine_for(world: MPI.Comm, stage: int, deterministic: bool, policy: str):
         nonfinite=policy,
         check_schedule=True,
     )
-    return make_engine(model, init_params(model, 0), cfg, Comm(world, deterministic)), model
+    return make_engine(model, init_params(model, 0), cfg, comm_for(world, cfg)), model
 
 
 def skip_case(world: MPI.Comm, stage: int, kind: str, deterministic: bool) -> None:
@@ -106,6 +106,8 @@ def nonfinite(world: MPI.Comm) -> None:
         for kind, deterministic in (("nan", False), ("inf", True)):
             skip_case(world, stage, kind, deterministic)
         raise_case(world, stage)
+        if world.rank == 0:  # progress, so the test can tell a slow job from a hung one
+            print(f"stage {stage} done", flush=True)
 
 
 def lone_error_before_training(world: MPI.Comm) -> None:

@@ -1,14 +1,17 @@
 """A pool worker: run under mpirun, it executes parity cases sent by pytest.
 
 Rank 0 reads one JSON case per line from stdin, broadcasts it, every rank runs
-it with the engine, and rank 0 compares each step's parameters with the
-single-rank oracle and prints one line "RESULT <json>". Any exception aborts
-the whole job (MPI Abort), so pytest sees it instead of a hang.
+it with the engine, and rank 0 compares each step's parameters and reported
+loss with the single-rank oracle, printing "STEP <n>" after each step (so the
+pool can tell a slow case from a hung one) and one line "RESULT <json>" at the
+end. Any exception aborts the whole job (MPI Abort), so pytest sees it instead
+of a hang.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
@@ -16,7 +19,7 @@ import traceback
 import numpy as np
 from mpi4py import MPI
 
-from zero_ref.comm import Comm
+from zero_ref.comm import comm_for
 from zero_ref.config import AdamWConfig, ZeroConfig
 from zero_ref.memory import fp32_formula_bytes
 from zero_ref.models.replay import ReplayModel
@@ -76,20 +79,21 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
     )
     model, batches = build_model(case)
     init = init_params(model, case["seed"])
-    comm = Comm(world, deterministic=cfg.deterministic)
+    comm = comm_for(world, cfg)
     engine = make_engine(model, init, cfg, comm)
     oracle = Oracle(init, opt, cfg.clip) if comm.rank == 0 else None
     k, w, steps = cfg.grad_accum, comm.size, []
+    lrs = case.get("lrs") or [None] * case["steps"]  # a schedule's lr per step; None: cfg's
     for step in range(case["steps"]):
         inputs, targets = batches(step, k, w)
-        result = engine.train_step(inputs[:, comm.rank], targets[:, comm.rank])
+        lr = lrs[step]
+        result = engine.train_step(inputs[:, comm.rank], targets[:, comm.rank], lr=lr)
         full = engine.full_parameters()
         same = full_equals_everywhere(world, full)
         if oracle is not None:
-            oracle.model_step(model, inputs, targets)
-            steps.append(
-                compare(full, oracle.parameters(), same, result.grad_norm, oracle.last_grad_norm)
-            )
+            oracle_loss = oracle.model_step(model, inputs, targets, lr)
+            steps.append(compare(full, oracle.parameters(), same, result, oracle, oracle_loss))
+            print(f"STEP {step + 1}", flush=True)
     held = engine.memory.bytes_by_category()
     everyone = world.gather(held, root=0)
     if comm.rank != 0:
@@ -100,13 +104,28 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
         "memory": everyone,
         "formula": formula,
         "peak_params": engine.memory.peak_by_category["params"],
+        "case_id": case.get("case_id"),  # which case this answers (tests/mpi_pool.py)
         "ledger": comm.ledger.history,
         "full_numel": engine.layout.full_numel,
         "numel": engine.layout.numel,
+        **plan(engine),
     }
 
 
-def compare(full, expected, same_on_all_ranks, norm, oracle_norm) -> dict:
+def plan(engine) -> dict:
+    """What the test checks the bucket plan against: each unit's padded numel, the
+    engine's buckets (stages 2-3) and its buffers' bytes (staging, scratch)."""
+    buckets = getattr(engine, "buckets", None)
+    return {
+        "unit_padded_numels": [u.padded_numel for u in engine.layout.units],
+        "buckets": None
+        if buckets is None
+        else [[b.first_unit, b.last_unit, b.shard_offset, b.shard_numel] for b in buckets],
+        "buffer_bytes": {n: int(a.nbytes) for n, a in engine.memory.held["buffers"].items()},
+    }
+
+
+def compare(full, expected, same_on_all_ranks, result, oracle, oracle_loss) -> dict:
     diffs = [float(np.max(np.abs(full[n] - expected[n]), initial=0.0)) for n in expected]
     bitwise = all(
         np.array_equal(full[n].view(np.uint32), expected[n].view(np.uint32)) for n in expected
@@ -115,8 +134,10 @@ def compare(full, expected, same_on_all_ranks, norm, oracle_norm) -> dict:
         "max_abs_diff": max(diffs, default=0.0),
         "bitwise": bitwise,
         "same_on_all_ranks": same_on_all_ranks,
-        "grad_norm": norm,
-        "oracle_norm": oracle_norm,
+        "grad_norm": result.grad_norm,
+        "oracle_norm": oracle.last_grad_norm,
+        "loss": result.loss,
+        "oracle_loss": oracle_loss,
         "names_match": sorted(full) == sorted(expected),
     }
 
@@ -143,6 +164,9 @@ def main() -> None:
             traceback.print_exc()
             sys.stderr.flush()
             world.Abort(1)
+            # MPICH's Abort can return before mpirun ends the job; going on would print
+            # the previous case's RESULT again, and the pool would take it for this case's.
+            os._exit(1)
         if world.rank == 0:
             print("RESULT " + json.dumps(result), flush=True)
 

@@ -217,3 +217,42 @@ def test_beta1_zero_makes_m_equal_g_exactly_as_torch_lerp_does():
         m, v = np.full(3, 1e8, np.float32), np.zeros(3, np.float32)
         update(p, g, m, v, s)
         assert np.array_equal(m, g)
+
+
+def lerp_from_start(m: np.ndarray, g: np.ndarray, w: np.float32) -> np.ndarray:
+    """torch's lerp(m, g, w) for |w| < 0.5, in float32."""
+    return m + w * (g - m)
+
+
+def lerp_from_end(m: np.ndarray, g: np.ndarray, w: np.float32) -> np.ndarray:
+    """torch's lerp(m, g, w) for |w| >= 0.5, in float32."""
+    return g - (g - m) * (np.float32(1) - w)
+
+
+@pytest.mark.parametrize(
+    "beta1, from_end",
+    [
+        (0.5, True),  # w = 0.5 exactly: torch takes the from-end branch
+        (0.5 + 2**-24, False),  # w = 0.5 - 2^-24, the float32 just below 0.5
+        (0.5 - 2**-24, True),  # w = 0.5 + 2^-24, the float32 just above 0.5
+    ],
+)
+@pytest.mark.parametrize("update", [adamw_kernel, adamw_reference])
+def test_lerp_branch_at_the_half_boundary(update, beta1, from_end):
+    """torch.lerp switches formula at |w| >= 0.5 (w = 1 - beta1, in float32); the two
+    formulas round differently, so taking the wrong one at beta1 = 0.5 is a last-bit
+    difference only inputs where they disagree can show."""
+    s = adamw_scalars(AdamWConfig(lr=1e-3, betas=(beta1, 0.999), weight_decay=0.0), 1)
+    w = np.float32(1.0 - beta1)
+    assert s.one_minus_beta1 == w and s.lerp_from_end is from_end
+    rng = np.random.default_rng(0)
+    m = (rng.standard_normal(4096) * 10.0 ** rng.uniform(-4, 4, 4096)).astype(np.float32)
+    g = (rng.standard_normal(4096) * 10.0 ** rng.uniform(-4, 4, 4096)).astype(np.float32)
+    start, end = lerp_from_start(m, g, w), lerp_from_end(m, g, w)
+    differ = bits(start) != bits(end)
+    assert differ.sum() > 100  # the inputs can tell the branches apart
+    m, g = m[differ], g[differ]
+    exp_avg = m.copy()
+    update(np.zeros_like(m), g, exp_avg, np.zeros_like(m), s)
+    expected = lerp_from_end(m, g, w) if from_end else lerp_from_start(m, g, w)
+    np.testing.assert_array_equal(bits(exp_avg), bits(expected))

@@ -83,12 +83,40 @@ def test_flags_override_the_file(tmp_path):
 def test_unknown_keys_are_warned_by_name(tmp_path):
     cfg = {
         "train_batch_size": 8,
+        "bogus_key_xyz": True,
+        "zero_optimization": {"stage": 1, "round_robin_gradientz": True},
+    }
+    notes = parse_args(["--config", write(tmp_path, cfg)], world_size=2).notes
+    assert any("warning: unknown key bogus_key_xyz" in n for n in notes)
+    assert any("warning: unknown key zero_optimization.round_robin_gradientz" in n for n in notes)
+
+
+def test_real_deepspeed_keys_that_mean_nothing_here_are_not_unknown(tmp_path):
+    cfg = {
+        "train_batch_size": 8,
         "wall_clock_breakdown": True,
+        "steps_per_print": 10,
+        "zero_allow_untested_optimizer": True,
+        "prescale_gradients": False,
         "zero_optimization": {"stage": 1, "round_robin_gradients": True},
     }
     notes = parse_args(["--config", write(tmp_path, cfg)], world_size=2).notes
-    assert any("unknown key wall_clock_breakdown" in n for n in notes)
-    assert any("unknown key zero_optimization.round_robin_gradients" in n for n in notes)
+    for key in (
+        "wall_clock_breakdown",
+        "steps_per_print",
+        "zero_allow_untested_optimizer",
+        "prescale_gradients",
+        "zero_optimization.round_robin_gradients",
+    ):
+        assert f"config: {key} is accepted, no effect here" in notes
+    assert not any("unknown" in n for n in notes)
+
+
+def test_switches_zero_ref_cannot_turn_off_are_warnings(tmp_path):
+    cfg = {"prescale_gradients": True, "zero_optimization": {"reduce_scatter": False}}
+    notes = parse_args(["--config", write(tmp_path, cfg)], world_size=2).notes
+    assert any("warning: prescale_gradients = true" in n for n in notes)
+    assert any("warning: zero_optimization.reduce_scatter = false" in n for n in notes)
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,12 @@ import pytest
 from mpi4py import MPI
 
 from tests.mpi_pool import REPO, mpi_env, mpirun_command
-from zero_ref.comm import Comm, Handle, OrderedReduction
+from zero_ref.comm import Comm, Handle, MPIReduction, OrderedReduction, comm_for
 from zero_ref.comm_ledger import CommLedger
+from zero_ref.config import ZeroConfig
+from zero_ref.models.replay import ReplayModel
+from zero_ref.models.unit import init_params
+from zero_ref.stages import make_engine
 
 BLOCKS = [0, 1, 7, 13]
 EPS32 = float(np.finfo(np.float32).eps)
@@ -20,7 +24,7 @@ EPS32 = float(np.finfo(np.float32).eps)
 
 @pytest.fixture(params=[False, True], ids=["mpi_sum", "rank_order"])
 def comm(request, mpi_comm) -> Comm:
-    return Comm(mpi_comm, deterministic=request.param)
+    return Comm(mpi_comm, OrderedReduction() if request.param else MPIReduction())
 
 
 def send_rows(world: int, numel: int) -> np.ndarray:
@@ -255,14 +259,14 @@ def float64_block_calls(comm: Comm) -> dict:
 
 
 def test_float64_recv_block_raises_with_mpi_sum():
-    calls = float64_block_calls(Comm(MPI.COMM_SELF, deterministic=False))
+    calls = float64_block_calls(Comm(MPI.COMM_SELF, MPIReduction()))
     for case in ("reduce_scatter", "ireduce_scatter"):
         with pytest.raises(ValueError):  # mpi4py: mismatch in send and receive datatypes
             calls[case]()
 
 
 def test_float64_recv_block_raises_with_rank_order_sum():
-    calls = float64_block_calls(Comm(MPI.COMM_SELF, deterministic=True))
+    calls = float64_block_calls(Comm(MPI.COMM_SELF, OrderedReduction()))
     for case in ("reduce_scatter", "ireduce_scatter"):
         with pytest.raises(ValueError):
             calls[case]()
@@ -292,3 +296,22 @@ def test_three_ranks_under_mpirun():
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "all checks passed on 3 ranks" in done.stdout
+
+
+# ---- one determinism switch: the config's
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_comm_for_follows_the_config(deterministic):
+    cfg = ZeroConfig(deterministic=deterministic, check_schedule=True)
+    comm = comm_for(MPI.COMM_SELF, cfg)
+    assert comm.reduction.deterministic is deterministic and comm.check_schedule
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_an_engine_refuses_a_comm_that_disagrees_with_its_config(deterministic):
+    model = ReplayModel([("u", [("w", (3,))])])
+    cfg = ZeroConfig(stage=1, deterministic=deterministic)
+    wrong = Comm(MPI.COMM_SELF, MPIReduction() if deterministic else OrderedReduction())
+    with pytest.raises(ValueError, match="comm_for"):
+        make_engine(model, init_params(model, 0), cfg, wrong)

@@ -3,9 +3,10 @@
 Faults are injected with ZERO_REF_INJECT_FAULT (zero_ref/faults.py) into real
 `mpirun -n 4` jobs. Times to exit are measured from the moment the fault fired
 (the fault logs a unix time), not from mpirun's start: start-up alone can take
-seconds on a loaded machine. With ZERO_REF_RELIABILITY_JSONL set, every case
-appends one row to that file; scripts/reliability_table.py turns the rows into
-the table in docs/reliability.md.
+seconds on a loaded machine. No limit here is a tight timer: a job fails for
+printing nothing for minutes, or for running EXIT_AFTER_FAULT_S past its fault.
+With ZERO_REF_RELIABILITY_JSONL set, every case appends one row to that file;
+scripts/reliability_table.py turns the rows into the table in docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -24,19 +25,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.mpi_pool import REPO, mpi_env, mpirun_command
+from tests.mpi_pool import REPO, mpi_env, mpirun_command, run_watched
 from zero_ref.data import encode_corpus
 from zero_ref.failure import CollectiveError, FailureGuard, step_started
 from zero_ref.faults import Fault
 from zero_ref.flat import build_layout, rank_rows
+from zero_ref.metrics_log import read_jsonl
 from zero_ref.models.mlp import CharMLP, MLPConfig
 from zero_ref.models.unit import init_params
 from zero_ref.nonfinite import describe_full_index, first_nonfinite, owned_to_full_index
 from zero_ref.schedule import ScheduleMismatchError, check_agreement, signature
 
 WORLD = 4
-EXIT_AFTER_FAULT_S = 10.0
-JOB_TIMEOUT_S = 90.0  # start-up of 4 ranks on 2 loaded cores, plus the exit bound
+# A job that hangs never ends; an abort ends it about a second after the fault on
+# an idle machine (docs/reliability.md), several times that on a loaded one. The
+# bound that tells them apart can be generous: still running this long after the
+# fault fired, the job is killed and the test fails, saying so.
+EXIT_AFTER_FAULT_S = 60.0
+FAULT_FIRED = "zero_ref fault:"  # the line a fault prints as it fires
 TEXT = "It is a truth universally acknowledged, that a single man in possession.\n" * 20
 MLP = ["--model", "mlp", "--context", "8", "--d-embed", "4", "--d-hidden", "16"]
 RUN = ["--steps", "6", "--batch-size", "8", "--warmup-steps", "0", "--sample-chars", "0"]
@@ -62,28 +68,17 @@ class Job:
         return self.ended_at - self.fault_time()
 
 
-def run_job(args: list[str], env: dict[str, str] | None = None) -> Job:
-    """mpirun -n 4 <args>, in its own process group; killed whole if it overruns."""
+def run_job(args: list[str], env: dict[str, str] | None = None, ends_after=FAULT_FIRED) -> Job:
+    """mpirun -n 4 <args>, in its own process group, to its end. It is killed, and the
+    test fails with a message naming the limit (tests/mpi_pool.py), if it prints
+    nothing for minutes or is still running EXIT_AFTER_FAULT_S after a line with
+    `ends_after` (the fault firing)."""
     marker = uuid.uuid4().hex
     full_env = {**mpi_env(), **(env or {}), MARKER: marker}
-    start = time.time()
-    proc = subprocess.Popen(
-        mpirun_command(WORLD, *args),
-        cwd=REPO,
-        env=full_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+    done = run_watched(
+        mpirun_command(WORLD, *args), env=full_env, end_after=(ends_after, EXIT_AFTER_FAULT_S)
     )
-    try:
-        out, err = proc.communicate(timeout=JOB_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"job hung past {JOB_TIMEOUT_S} s: {args}\n{err[-3000:]}")
-    ended = time.time()
-    return Job(proc.returncode, out, err, ended, ended - start, marker)
+    return Job(done.returncode, done.stdout, done.stderr, done.ended_at, done.seconds, marker)
 
 
 def train_job(tmp_path: Path, *flags: str, env: dict[str, str] | None = None) -> Job:
@@ -97,8 +92,9 @@ def corpus(tmp_path: Path) -> str:
     return str(path)
 
 
-def leftover_processes(marker: str, grace_s: float = 5.0) -> list[int]:
-    """Processes still carrying the job's marker in their environment, after a grace."""
+def leftover_processes(marker: str, grace_s: float = 30.0) -> list[int]:
+    """Processes still carrying the job's marker in their environment, after a grace
+    (generous: it returns as soon as none is left)."""
     needle = f"{MARKER}={marker}".encode()
     deadline = time.monotonic() + grace_s
     while True:
@@ -126,8 +122,10 @@ def record(case: str, fault: str, ended: str, job: Job | None, seconds: float, *
 
 
 def assert_ended_cleanly(job: Job) -> None:
+    """Failed, by itself (run_job kills a job still running EXIT_AFTER_FAULT_S after
+    its fault fired, and fails the test), leaving no process behind."""
     assert job.returncode != 0, job.stderr[-3000:]
-    assert job.seconds_after_fault() < EXIT_AFTER_FAULT_S, job.seconds_after_fault()
+    job.fault_time()  # the fault did fire
     assert leftover_processes(job.marker) == []
 
 
@@ -165,12 +163,13 @@ def test_a_rank_killed_mid_step_ends_the_job_and_leaves_old_files_intact(tmp_pat
     )
     assert_ended_cleanly(job)
     assert "signal 9" in job.stdout + job.stderr  # mpirun's own report of the dead rank
-    assert log.read_text() == "old log\n" and export.read_bytes() == b"old weights"
+    assert [r["step"] for r in read_jsonl(log)] == [1, 2]  # every step it logged
+    assert export.read_bytes() == b"old weights"  # whole files are replaced atomically
     record(
         "SIGKILL of one rank mid-step (rank 0, while it writes --log-jsonl)",
         "kill:rank=0:step=3",
         "mpirun sees the dead rank and kills the rest; no process left; "
-        "old log and export files untouched",
+        "the log keeps steps 1-2; the old export is untouched",
         job,
         job.seconds_after_fault(),
     )
@@ -265,8 +264,11 @@ def test_skip_policy_drops_the_step_on_every_rank_bitwise():
 
 
 def test_a_lone_failure_before_training_aborts_instead_of_waiting():
-    job = run_job([str(REPO / "tests" / "mpi_fault_jobs.py"), "lone_error_before_training"])
-    assert job.returncode != 0 and job.seconds < JOB_TIMEOUT_S
+    job = run_job(
+        [str(REPO / "tests" / "mpi_fault_jobs.py"), "lone_error_before_training"],
+        ends_after="failed before training",  # rank 1 says so, then must abort
+    )
+    assert job.returncode != 0
     assert job.stderr.count("rank 1 of 4 failed before training: ValueError") == 1, job.stderr
     assert leftover_processes(job.marker) == []
     record(
@@ -337,7 +339,7 @@ def test_bad_input_ends_with_one_message_from_rank_0_before_training(case, tmp_p
 # ---- 6. nothing lost on disk: a writer killed mid-write
 
 
-@pytest.mark.parametrize("kind, old", [("file", None), ("file", b"old"), ("log", b"old\n")])
+@pytest.mark.parametrize("kind, old", [("file", None), ("file", b"old")])
 def test_a_writer_killed_mid_write_leaves_the_old_file_or_nothing(kind, old, tmp_path):
     path = tmp_path / "out.bin"
     if old is not None:
@@ -367,6 +369,35 @@ def test_a_writer_killed_mid_write_leaves_the_old_file_or_nothing(kind, old, tmp
         f", {'no old file' if old is None else 'old file present'})",
         "SIGKILL after 20 chunks",
         f"real name holds {what}; the partial data only under a hidden temporary name",
+        None,
+        time.time() - t0,
+        ranks=1,
+    )
+
+
+def test_a_log_writer_killed_mid_run_keeps_every_line_it_wrote(tmp_path):
+    """The metrics log is append-only at its real path: killed, it keeps what it logged."""
+    path = tmp_path / "run.jsonl"
+    path.write_text("old log\n")
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "tests" / "atomic_fault_writer.py"), "log", str(path)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    while not proc.stdout.readline().startswith("chunk 20"):
+        assert proc.poll() is None, "the writer ended before it could be killed"
+    t0 = time.time()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    proc.stdout.close()
+    steps = [r["step"] for r in read_jsonl(path)]
+    assert steps[:21] == list(range(21))  # at least the 21 lines it reported, in order
+    assert os.listdir(tmp_path) == ["run.jsonl"]
+    record(
+        "metrics log writer SIGKILLed mid-run (JsonlLog)",
+        "SIGKILL after 20 lines",
+        "the log at its real path keeps every complete line; no temporary left",
         None,
         time.time() - t0,
         ranks=1,
@@ -446,21 +477,21 @@ class FakeComm:
         raise SystemExit(f"aborted {code}")  # stands in for the end of the process
 
 
-def test_guard_exit_codes_and_who_prints(capsys):
+def test_guard_exit_codes_and_who_prints(capfd):
     with FailureGuard(FakeComm(0, True), "prog") as guard:
         raise ValueError("bad flag")
-    assert guard.exit_code == 2 and capsys.readouterr().err == "prog: error: bad flag\n"
+    assert guard.exit_code == 2 and capfd.readouterr().err == "prog: error: bad flag\n"
     with FailureGuard(FakeComm(3, True), "prog") as guard:
         raise ValueError("bad flag")
-    assert guard.exit_code == 2 and capsys.readouterr().err == ""  # only rank 0 speaks
+    assert guard.exit_code == 2 and capfd.readouterr().err == ""  # only rank 0 speaks
     with FailureGuard(FakeComm(1, True), "prog") as guard:
         step_started(5)
         raise CollectiveError("decided together")
-    assert guard.exit_code == 1 and capsys.readouterr().err == ""
+    assert guard.exit_code == 1 and capfd.readouterr().err == ""
     with pytest.raises(SystemExit, match="aborted 1"), FailureGuard(FakeComm(2, True), "prog"):
         step_started(7)
         raise KeyError("lone bug")
-    err = capsys.readouterr().err
+    err = capfd.readouterr().err
     assert "Traceback" in err and "prog: rank 2 of 4 failed at step 7: KeyError" in err
     guard = FailureGuard(FakeComm(1, False), "prog", agree_timeout_s=0.05)
     with pytest.raises(SystemExit, match="aborted 1"), guard:

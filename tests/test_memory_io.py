@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from zero_ref.atomic import AtomicTextLog, atomic_write, atomic_write_bytes
+from zero_ref.atomic import atomic_write, atomic_write_bytes
 from zero_ref.cli import parse_args
 from zero_ref.comm import Comm
 from zero_ref.comm_ledger import paper_sent_bytes
@@ -291,18 +291,6 @@ def test_failed_first_write_leaves_nothing(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         atomic_write(tmp_path / "new.bin", crashes)
     assert os.listdir(tmp_path) == []
-
-
-def test_text_log_appears_only_when_closed(tmp_path):
-    path = tmp_path / "log.jsonl"
-    log = AtomicTextLog(path)
-    log.write_line('{"step": 1}')
-    log.write_line('{"step": 2}')
-    assert not path.exists()
-    assert log.tmp.read_text() == '{"step": 1}\n{"step": 2}\n'  # flushed as it goes
-    assert log.close() == path
-    assert path.read_text() == '{"step": 1}\n{"step": 2}\n'
-    assert os.listdir(tmp_path) == ["log.jsonl"]
 
 
 # ---- the command line (tests/test_cli_config.py covers --config files)

@@ -1,15 +1,20 @@
 """End to end: `mpirun -n W python -m zero_ref.train` trains, logs, exports and
-reports, and bad input ends with one clear message before training starts."""
+reports, and bad input ends with one clear message before training starts.
+
+No test limits a run's total time tightly: how fast it goes depends on what else
+loads the machine (the 200-step run takes 17 s idle, 148 s loaded). A run fails
+for making no progress (tests/mpi_pool.py: no output line for minutes), so the
+long runs print a line every step."""
 
 from __future__ import annotations
 
 import json
-import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from tests.mpi_pool import REPO, mpi_env, mpirun_command
+from tests.mpi_pool import REPO, Finished, mpirun_command, run_watched
 from zero_ref.tensor_io import load_named
 
 TEXT = (
@@ -18,15 +23,12 @@ TEXT = (
 )
 
 
-def train_mlp(world: int, *flags: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return train(world, "--model", "mlp", *flags, timeout=timeout)
+def train_mlp(world: int, *flags: str) -> Finished:
+    return train(world, "--model", "mlp", *flags)
 
 
-def train(world: int, *flags: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    cmd = mpirun_command(world, "-m", "zero_ref.train", *flags)
-    return subprocess.run(
-        cmd, cwd=REPO, env=mpi_env(), capture_output=True, text=True, timeout=timeout
-    )
+def train(world: int, *flags: str) -> Finished:
+    return run_watched(mpirun_command(world, "-m", "zero_ref.train", *flags))
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +132,8 @@ def test_deterministic_runs_match_across_world_sizes_given_same_init(corpus, tmp
 
 
 def test_default_model_loss_falls_at_four_ranks():
-    p = train_mlp(4, "--steps", "200", "--log-every", "199", "--sample-chars", "0")
+    # a line every step: progress the watcher sees, however loaded the machine
+    p = train_mlp(4, "--steps", "200", "--log-every", "1", "--sample-chars", "0")
     assert p.returncode == 0, p.stderr
     losses = [
         float(line.split("loss")[1].split()[0])
@@ -151,7 +154,7 @@ def test_default_model_loss_falls_at_four_ranks():
     ],
 )
 def test_bad_input_gives_one_clear_message(flags, message):
-    p = train(2, "--steps", "2", *flags, timeout=60)
+    p = train(2, "--steps", "2", *flags)
     assert p.returncode != 0
     assert p.stderr.count(message) == 1, p.stderr
     assert "Traceback" not in p.stderr
@@ -226,11 +229,8 @@ def test_config_file_and_plot(corpus, tmp_path):
         assert json.loads(log.read_text().splitlines()[-1])["stage"] == stage
         logs.append(str(log))
     out = tmp_path / "img" / "run"
-    plot = subprocess.run(
-        ["python", str(REPO / "scripts" / "plot_run.py"), *logs, "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    plot = run_watched(
+        [sys.executable, str(REPO / "scripts" / "plot_run.py"), *logs, "--out", str(out)]
     )
     assert plot.returncode == 0, plot.stderr
     for kind in ("loss", "memory", "comm"):
@@ -249,7 +249,6 @@ def test_print_params_lists_names_and_total():
         "8",
         "--n-head",
         "2",
-        timeout=60,
     )
     assert p.returncode == 0, p.stderr
     assert "block0.attn.qkv.weight" in p.stdout and "(8, 24)" in p.stdout
@@ -257,6 +256,6 @@ def test_print_params_lists_names_and_total():
 
 
 def test_help_is_printed_once():
-    p = train(2, "--help", timeout=60)
+    p = train(2, "--help")
     assert p.returncode == 0
     assert p.stdout.count("usage:") == 1 and "--deterministic" in p.stdout

@@ -1,11 +1,18 @@
 """AdamW, updating one shard in place: a NumPy reference and a fused Numba kernel.
 
 Implements the optimizer step each rank runs on the partition it owns (the
-"update" phase of ZeRO, Sec. 5 of the paper) with exactly the formula of
+"update" phase of ZeRO, Sec. 5 of the paper) with the semantics of
 torch.optim.AdamW: decoupled weight decay, bias correction, eps added after
-the square root. Both functions take the same arguments, use the same names
-and the same step order, and do all arithmetic in float32 with float32
-scalars, so they agree bit for bit (tests/test_adamw.py checks every element).
+the square root, and the two formulas of torch's lerp for the first moment
+(chosen by whether the weight 1 - beta1 is below 0.5). Both functions take the
+same arguments, use the same names and the same step order, and do all
+arithmetic in float32 with float32 scalars, one rounding per operation, so they
+agree bit for bit (tests/test_adamw.py checks every element).
+
+It is not torch's rounding: torch's CPU kernels fuse lerp_ and addcmul_ into
+FMAs and compute addcdiv_ as p + (-step_size m) / denom, so results differ in
+the last bits and the differences grow over steps. scripts/compare_torch_adamw.py
+measures by how much (docs/oracle.md has the figures).
 """
 
 from __future__ import annotations
@@ -25,8 +32,8 @@ class AdamWScalars:
 
     decay: np.float32  # 1 - lr * weight_decay
     one_minus_beta1: np.float32  # the lerp weight w
-    lerp_from_end: bool  # torch's lerp: m + w (g - m) if w < 0.5, else g - (g - m)(1 - w)
-    one_minus_weight: np.float32  # 1 - w, in float32 as torch computes it
+    lerp_from_end: bool  # lerp's two formulas: m + w (g - m) if w < 0.5, else g - (g - m)(1 - w)
+    one_minus_weight: np.float32  # 1 - w, rounded to float32 first
     beta2: np.float32
     one_minus_beta2: np.float32
     step_size: np.float32  # lr / (1 - beta1^t)
@@ -67,7 +74,7 @@ def adamw_reference(
 ) -> None:
     """NumPy twin: update param, exp_avg (m) and exp_avg_sq (v) in place (all 1-D float32)."""
     param *= s.decay  # decoupled weight decay
-    if s.lerp_from_end:  # m <- lerp(m, g, 1 - beta1), the way torch evaluates it
+    if s.lerp_from_end:  # m <- lerp(m, g, 1 - beta1), with torch's choice of formula
         exp_avg[...] = grad - (grad - exp_avg) * s.one_minus_weight
     else:
         exp_avg += s.one_minus_beta1 * (grad - exp_avg)
@@ -83,7 +90,7 @@ def _adamw_kernel(param, grad, exp_avg, exp_avg_sq, s):  # pragma: no cover
     for i in numba.prange(param.shape[0]):
         g = grad[i]
         p = param[i] * decay  # decoupled weight decay
-        if from_end:  # m <- lerp(m, g, 1 - beta1), the way torch evaluates it
+        if from_end:  # m <- lerp(m, g, 1 - beta1), with torch's choice of formula
             m = g - (g - exp_avg[i]) * one_minus_w
         else:
             m = exp_avg[i] + w * (g - exp_avg[i])

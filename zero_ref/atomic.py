@@ -2,7 +2,9 @@
 
 Write to a temporary name in the same directory, flush and fsync it, rename it
 over the real name (atomic on POSIX), then fsync the directory so the rename
-itself survives a power cut.
+itself survives a power cut. A writer killed half-way leaves only the hidden
+temporary, which the next run removes (zero_ref/output_paths.py). The metrics
+log is append-only instead (zero_ref/metrics_log.py).
 """
 
 from __future__ import annotations
@@ -40,25 +42,3 @@ def fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-class AtomicTextLog:
-    """A log appended line by line under a temporary name, renamed to the real
-    name by close(): readers never see a partial log under the real name."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self.tmp = self.path.with_name(f".{self.path.name}.partial-{os.getpid()}")
-        self.f = open(self.tmp, "w", encoding="utf-8")  # noqa: SIM115 (closed in close())
-
-    def write_line(self, line: str) -> None:
-        self.f.write(line + "\n")
-        self.f.flush()
-
-    def close(self) -> Path:
-        self.f.flush()
-        os.fsync(self.f.fileno())
-        self.f.close()
-        os.replace(self.tmp, self.path)
-        fsync_dir(self.path.parent)
-        return self.path

@@ -49,7 +49,7 @@ class RunConfig:
 class Parsed:
     run: RunConfig
     zero: ZeroConfig
-    notes: tuple[str, ...]  # config keys accepted but not implemented, unknown keys
+    notes: tuple[str, ...]  # config warnings and notes: printed in every mode, --quiet too
 
 
 def parse_args(argv: Sequence[str] | None, world_size: int = 1, rank: int = 0) -> Parsed:
@@ -69,10 +69,11 @@ def parse_args(argv: Sequence[str] | None, world_size: int = 1, rank: int = 0) -
     run_fields = {f.name for f in fields(RunConfig)} - {"lr_schedule"}
     run = RunConfig(**{k: s[k] for k in run_fields}, lr_schedule=schedule)
     notes = [
-        f"config: {k} is accepted but not implemented yet; it has no effect"
+        f"config: warning: {k} is accepted but not implemented yet; it has no effect"
         for k in file.not_implemented
     ]
     notes += [f"config: warning: unknown key {k} (ignored)" for k in file.unknown]
+    notes += [f"config: {k} is accepted, no effect here" for k in file.no_effect]
     return Parsed(run, zero, tuple(notes))
 
 

@@ -9,6 +9,9 @@ Sums across ranks come from a *reduction policy*:
   OrderedReduction  an Alltoall of the blocks, then a local sum in rank order:
                     the same bytes on the wire as a ring reduce-scatter, and
                     the result bitwise equal to the oracle's rank-order sum.
+ZeroConfig.deterministic is the one switch: `comm_for(mpi_comm, cfg)` is the one
+place that turns it into a policy, and an engine refuses a Comm whose policy
+disagrees with its config (the clipping norm follows the same switch).
 
 With check_schedule on (a debug mode), ranks first agree on what each collective
 is -- operation, count, dtype, where in the step, step -- so a rank that skips
@@ -26,6 +29,7 @@ from mpi4py import MPI
 
 from zero_ref import schedule
 from zero_ref.comm_ledger import CommLedger
+from zero_ref.config import ZeroConfig
 from zero_ref.rank_order import sum_in_rank_order
 
 F32_BYTES = 4
@@ -51,13 +55,16 @@ class Comm:
     """A communicator, its reduction policy and its ledger, passed explicitly."""
 
     def __init__(
-        self, mpi_comm: MPI.Comm, deterministic: bool = False, check_schedule: bool = False
+        self,
+        mpi_comm: MPI.Comm,
+        reduction: MPIReduction | OrderedReduction | None = None,
+        check_schedule: bool = False,
     ) -> None:
         self.mpi = mpi_comm
         self.rank = mpi_comm.Get_rank()
         self.size = mpi_comm.Get_size()
         self.ledger = CommLedger()
-        self.reduction = OrderedReduction() if deterministic else MPIReduction()
+        self.reduction = MPIReduction() if reduction is None else reduction
         self.check_schedule = check_schedule
         self.step: int | None = None  # labels for the collectives that follow
         self.where = ""
@@ -173,8 +180,17 @@ class Comm:
         return out
 
 
+def comm_for(mpi_comm: MPI.Comm, cfg: ZeroConfig) -> Comm:
+    """The Comm an engine with config `cfg` needs: its reduction policy and schedule
+    checking both follow the config (the only place that maps one to the other)."""
+    reduction = OrderedReduction() if cfg.deterministic else MPIReduction()
+    return Comm(mpi_comm, reduction, check_schedule=cfg.check_schedule)
+
+
 class MPIReduction:
     """Sums with MPI_SUM: fastest, association chosen by the MPI library."""
+
+    deterministic = False
 
     def reduce_scatter(self, mpi: MPI.Comm, send: np.ndarray, recv: np.ndarray) -> None:
         mpi.Reduce_scatter_block(send, recv, op=MPI.SUM)
@@ -188,6 +204,8 @@ class MPIReduction:
 
 class OrderedReduction:
     """Sums in rank order: Alltoall the blocks, then add them up left to right."""
+
+    deterministic = True
 
     def reduce_scatter(self, mpi: MPI.Comm, send: np.ndarray, recv: np.ndarray) -> None:
         rows = np.empty((mpi.Get_size(), recv.size), np.float32)  # row r: rank r's block for me

@@ -1,17 +1,23 @@
-"""The communication ledger: what each rank really hands to MPI, per step.
+"""The communication ledger: the bytes each rank's collectives move, per step.
 
-Byte counts follow the logical point-to-point exchange of each collective, from
-the actual buffers and counts of the call (not from a formula of the model
-size): `sent_bytes` is the data of this rank that other ranks receive, and
-`recv_bytes` is the data this rank receives from others. For a reduce-scatter
-of N bytes over W ranks that is (W-1)/W * N each way; for an all-gather
-producing N bytes, also (W-1)/W * N. The paper's volumes (Sec. 7: 2 Psi for
-data parallel and stages 1-2, 3 Psi for stage 3) are the sums of these.
+The bytes are *modelled*, not measured on the wire: each call's count comes from
+its actual buffers (not from a formula of the model size), priced as a ring
+algorithm moves them. `sent_bytes` is the data of this rank that other ranks
+receive, `recv_bytes` the data this rank receives. For a reduce-scatter of N
+bytes over W ranks that is (W-1)/W * N each way; for an all-gather producing N
+bytes, also (W-1)/W * N. MPI may pick another algorithm (recursive halving,
+trees) that moves a different amount. The paper's volumes (Sec. 7: 2 Psi for
+data parallel and stages 1-2, 3 Psi for stage 3) are sums of these.
+
+Collectives run only to check a run (the oracle's consolidation, --check-oracle)
+are recorded `off_the_books()`: counted apart, never in a training step.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 
@@ -39,6 +45,16 @@ class CommLedger:
 
     current: dict[str, KindTotals] = field(default_factory=lambda: defaultdict(KindTotals))
     history: list[dict[str, dict[str, float]]] = field(default_factory=list)
+    checking: dict[str, KindTotals] = field(default_factory=lambda: defaultdict(KindTotals))
+
+    @contextmanager
+    def off_the_books(self) -> Iterator[None]:
+        """Collectives inside go to `checking`, not to the step in progress."""
+        step, self.current = self.current, self.checking
+        try:
+            yield
+        finally:
+            self.checking, self.current = self.current, step
 
     def record(self, kind: str, sent_bytes: int, recv_bytes: int, seconds: float) -> None:
         t = self.current[kind]
@@ -66,12 +82,15 @@ class CommLedger:
 
 
 def paper_sent_bytes(stage: int, numel: int, world_size: int, grad_accum: int) -> int:
-    """Bytes one rank sends per step for parameters and gradients (Sec. 7 of the paper).
+    """Bytes one rank sends per step for parameters and gradients.
 
-    Each reduce-scatter or all-gather of Psi elements moves (W-1)/W * Psi per
-    rank. Stage 0 all-reduces (= reduce-scatter + all-gather) every micro-step;
-    stages 1-2 reduce-scatter every micro-step and all-gather once; stage 3
-    gathers twice (forward, backward) and reduce-scatters every micro-step."""
+    At grad_accum = 1 this is the paper's Sec. 7 volume (2 Psi at stages 0-2,
+    3 Psi at stage 3, times (W-1)/W). Each reduce-scatter or all-gather of Psi
+    elements moves (W-1)/W * Psi per rank. Stage 0 all-reduces (= reduce-scatter
+    + all-gather) every micro-step; stages 1-2 reduce-scatter every micro-step
+    and all-gather once; stage 3 gathers twice (forward, backward) per micro-step
+    and reduce-scatters every micro-step. The paper counts one micro-step; for
+    k > 1 this is zero_ref's schedule (DeepSpeed's stages 0-1 reduce once)."""
     per_collective = 4 * numel * (world_size - 1) // world_size
     k = grad_accum
     return per_collective * {0: 2 * k, 1: k + 1, 2: k + 1, 3: 3 * k}[stage]

@@ -2,9 +2,11 @@
 
 Every key DeepSpeed users write that means something here is mapped onto a
 command-line setting (the flags override the file). Keys we accept but do not
-implement yet are reported by name; unknown keys get a warning naming them;
-a wrong type or value is an error naming the key, the value and what is
-allowed. Nothing is silently ignored.
+implement yet are reported by name; real DeepSpeed keys that mean nothing here
+(logging, profilers, switches for things zero_ref always does) are reported as
+"accepted, no effect here"; unknown keys get a warning naming them; a wrong
+type or value is an error naming the key, the value and what is allowed.
+Nothing is silently ignored.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class ConfigError(ValueError):
 class ParsedConfig:
     settings: dict[str, Any] = field(default_factory=dict)  # flag dest -> value
     not_implemented: list[str] = field(default_factory=list)  # accepted, reported once
+    no_effect: list[str] = field(default_factory=list)  # real DeepSpeed keys, moot here
     unknown: list[str] = field(default_factory=list)  # warned about
 
 
@@ -81,7 +84,36 @@ ZERO_NOT_YET = (
     "stage3_prefetch_bucket_size",
     "stage3_max_live_parameters",
 )
-ZERO_ALWAYS_ON = ("contiguous_gradients",)  # zero_ref's buffers are always contiguous
+ZERO_ALWAYS_ON = (  # what zero_ref always does; false asks for something it cannot do
+    "contiguous_gradients",  # buffers are always contiguous
+    "reduce_scatter",  # gradients are always reduce-scattered (stages 1-3)
+    "allgather_partitions",  # parameters are always all-gathered (stages 1-2)
+)
+# Real DeepSpeed keys with no counterpart here: logging, profiling, runtime switches.
+NO_EFFECT = (
+    "wall_clock_breakdown",
+    "steps_per_print",
+    "zero_allow_untested_optimizer",
+    "zero_force_ds_cpu_optimizer",
+    "memory_breakdown",
+    "dump_state",
+    "flops_profiler",
+    "tensorboard",
+    "wandb",
+    "csv_monitor",
+    "comms_logger",
+)
+ZERO_NO_EFFECT = (
+    "round_robin_gradients",  # orders CPU-offload gradient copies
+    "ignore_unused_parameters",  # every zero_ref parameter is used
+    "load_from_fp32_weights",
+    "elastic_checkpoint",
+    "memory_efficient_linear",
+    "use_multi_rank_bucket_allreduce",
+    "log_trace_cache_warnings",
+    "stage3_gather_16bit_weights_on_model_save",  # --export always consolidates
+    "stage3_gather_fp16_weights_on_model_save",
+)
 
 
 def _stage(key: str, v: Any) -> int:
@@ -114,6 +146,13 @@ def parse_config(raw: dict) -> ParsedConfig:
             _zero(_section(key, value), out)
         elif key in ("fp16", "bf16"):
             _precision(key, _section(key, value), out)
+        elif key == "prescale_gradients":
+            if _bool(key, value):  # divide before the sum: other rounding than zero_ref's
+                out.not_implemented.append(f"{key} = true (zero_ref divides after the sum)")
+            else:
+                out.no_effect.append(key)
+        elif key in NO_EFFECT:
+            out.no_effect.append(key)
         else:
             out.unknown.append(key)
     return out
@@ -155,10 +194,12 @@ def _zero(section: dict, out: ParsedConfig) -> None:
             out.settings[dest] = check(name, value)
         elif key in ZERO_ALWAYS_ON:
             if _bool(name, value) is False:
-                out.not_implemented.append(f"{name} = false (buffers are always contiguous)")
+                out.not_implemented.append(f"{name} = false (zero_ref always does this)")
         elif key in ZERO_NOT_YET:
             if _enabled(value):
                 out.not_implemented.append(name)
+        elif key in ZERO_NO_EFFECT:
+            out.no_effect.append(name)
         else:
             out.unknown.append(name)
 

@@ -36,6 +36,7 @@ class CollectiveError(RuntimeError):
 
 INPUT_ERRORS = (ValueError, FileNotFoundError)  # bad flags, configs, files: no traceback
 AGREE_TIMEOUT_S = 5.0  # how long failed ranks wait for the others before aborting
+FORWARD_GRACE_S = 0.5  # time for mpirun to forward a failing rank's message before the abort
 
 
 class _StepInProgress:
@@ -128,14 +129,28 @@ class FailureGuard:
         )
 
     def _report_alone(self, error: BaseException, step: int | None) -> None:
-        if not isinstance(error, (*self.input_errors, CollectiveError)):
-            traceback.print_exception(error)
-        print(
+        """The summary line first, then the traceback, in one unbuffered write.
+
+        MPI_Abort makes mpirun kill every rank, and whatever this rank's output
+        pipe still holds may never reach the user; one write of the whole
+        message, and a moment for mpirun to forward it, make it arrive."""
+        summary = (
             f"{self.prog}: rank {self.rank} of {self.size} failed {_where(step)}: "
-            f"{type(error).__name__}: {error} -- aborting all {self.size} ranks",
-            file=sys.stderr,
-            flush=True,
+            f"{type(error).__name__}: {error} -- aborting all {self.size} ranks\n"
         )
+        detail = ""
+        if not isinstance(error, (*self.input_errors, CollectiveError)):
+            detail = "".join(traceback.format_exception(error))
+        _write_stderr(summary + detail)
+        time.sleep(FORWARD_GRACE_S)
+
+
+def _write_stderr(text: str) -> None:
+    """Write text to file descriptor 2 directly, bypassing Python's buffers."""
+    sys.stderr.flush()
+    data = text.encode("utf-8", "replace")
+    while data:
+        data = data[os.write(2, data) :]
 
 
 def _where(step: int | None) -> str:

@@ -12,6 +12,11 @@ One environment variable, read only here, at the top of each training step
                forward gather of the first unit), as a buggy rank would
   nan, inf     rank R writes NaN (Inf) into element 0 of the gradient of the last
                unit's first tensor, in step S
+  drop_grad    rank R zeroes the last unit's gradients in step S before they are
+               reduced, as if its contribution were lost (a silent bug for
+               --check-oracle to catch)
+  bias_correction  rank R's AdamW uses step S+1's bias correction in step S (another
+               silent bug: the updates of R's shard come out slightly wrong)
 
 "In the middle of step S" is right after the first unit's backward, when the
 other ranks are already in the step's collectives. Each fault prints one line
@@ -31,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 FAULT_ENV = "ZERO_REF_INJECT_FAULT"
-KINDS = ("raise", "kill", "skip_gather", "nan", "inf")
+KINDS = ("raise", "kill", "skip_gather", "nan", "inf", "drop_grad", "bias_correction")
 
 
 class InjectedFault(RuntimeError):
@@ -78,10 +83,16 @@ def arm(fault: Fault, engine) -> None:
     if fault.kind == "skip_gather":
         _on_next_call(engine.comm, "allgather", lambda original, *a, **k: _fired(fault))
         return
+    if fault.kind == "bias_correction":
+        _wrong_bias_correction(fault, engine)
+        return
 
     def mid_step(original: Callable, i: int, micro: int) -> None:
         if fault.kind in ("nan", "inf"):
             _poison_gradient(engine, i, np.nan if fault.kind == "nan" else np.inf)
+        if fault.kind == "drop_grad":
+            for grad in engine.unit_grads(i).values():
+                grad[...] = 0
         _fired(fault)
         if fault.kind == "raise":
             raise InjectedFault(f"injected fault {fault}")
@@ -90,6 +101,20 @@ def arm(fault: Fault, engine) -> None:
         original(i, micro)
 
     _on_next_call(engine, "on_unit_backward_done", mid_step)
+
+
+def _wrong_bias_correction(fault: Fault, engine) -> None:
+    """The engine's next optimizer step computes its AdamW scalars for one step later."""
+    from zero_ref.stages import stage0
+
+    right = stage0.adamw_scalars
+
+    def wrong(cfg, step):
+        stage0.adamw_scalars = right  # once
+        _fired(fault)
+        return right(cfg, step + 1)
+
+    stage0.adamw_scalars = wrong
 
 
 def _poison_gradient(engine, i: int, value: float) -> None:

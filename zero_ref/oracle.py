@@ -20,16 +20,30 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from zero_ref.adamw import adamw_reference, adamw_scalars, with_lr
+from zero_ref.adamw import AdamWScalars, adamw_reference, adamw_scalars, with_lr
 from zero_ref.config import AdamWConfig
 from zero_ref.gradnorm import clip_coefficient, sumsq_exact_reference
 from zero_ref.models.unit import Model, loss_and_grads
 from zero_ref.rank_order import sum_in_rank_order
 
 NamedArrays = Mapping[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class StepDetail:
+    """What the last step used, for bounding how far a reordered sum may move it
+    (zero_ref/oracle_bound.py). Flat float32 arrays in the oracle's order."""
+
+    grad_abs_mean: np.ndarray  # sum over ranks and micro-steps of |g[j][r]|, / (W k)
+    grad: np.ndarray  # the mean gradient after clipping: what AdamW was given
+    coef: float  # the clipping coefficient (1 without clipping)
+    scalars: AdamWScalars  # this step's AdamW scalars
+    world: int
+    grad_accum: int
 
 
 class Oracle:
@@ -47,6 +61,7 @@ class Oracle:
         self.optimizer, self.clip = optimizer, clip
         self.step_count = 0
         self.last_grad_norm = float("nan")
+        self.last_detail: StepDetail | None = None
 
     def _flatten(self, named: NamedArrays) -> np.ndarray:
         parts = [np.asarray(named[k], np.float32).reshape(-1) for k in self.names]
@@ -54,11 +69,38 @@ class Oracle:
 
     def parameters(self) -> dict[str, np.ndarray]:
         """Copies of the current parameters, by name."""
+        return self.unflatten(self.params)
+
+    def unflatten(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        """Copies of the named tensors in a flat buffer of the oracle's order."""
         out, offset = {}, 0
         for name, shape, size in zip(self.names, self.shapes, self.sizes, strict=True):
-            out[name] = self.params[offset : offset + size].reshape(shape).copy()
+            out[name] = flat[offset : offset + size].reshape(shape).copy()
             offset += size
         return out
+
+    def flatten(self, named: NamedArrays) -> np.ndarray:
+        """A flat float32 buffer of the oracle's order from named tensors."""
+        return self._flatten(named)
+
+    def locate(self, index: int) -> str:
+        """'name[i, j]' for element `index` of a flat buffer of the oracle's order."""
+        offset = 0
+        for name, shape, size in zip(self.names, self.shapes, self.sizes, strict=True):
+            if index < offset + size:
+                where = np.unravel_index(index - offset, shape) if shape else ()
+                return f"{name}[{', '.join(str(int(i)) for i in where)}]"
+            offset += size
+        raise IndexError(f"element {index} is past the {offset} elements of the model")
+
+    def load_state(
+        self, params: NamedArrays, exp_avg: NamedArrays, exp_avg_sq: NamedArrays, step_count: int
+    ) -> None:
+        """Continue from another optimizer's state (a sharded engine's, consolidated)."""
+        self.params = self._flatten(params)
+        self.exp_avg = self._flatten(exp_avg)
+        self.exp_avg_sq = self._flatten(exp_avg_sq)
+        self.step_count = step_count
 
     def step(
         self, grads: Sequence[Sequence[NamedArrays]], lr: float | None = None
@@ -68,9 +110,11 @@ class Oracle:
         `lr` overrides the configured learning rate for this step."""
         k, world = len(grads), len(grads[0])
         acc = np.empty_like(self.params)
+        abs_sum = np.zeros_like(self.params)  # only for StepDetail: not part of the step
         for j, per_rank in enumerate(grads):
             rows = np.stack([self._flatten(g) for g in per_rank])  # (W, numel)
             s_j = sum_in_rank_order(rows, np.empty_like(self.params))
+            abs_sum += np.abs(rows).sum(axis=0)
             if j == 0:
                 acc[...] = s_j
             else:
@@ -83,6 +127,7 @@ class Oracle:
         self.step_count += 1
         s = adamw_scalars(with_lr(self.optimizer, lr), self.step_count)
         adamw_reference(self.params, g, self.exp_avg, self.exp_avg_sq, s)
+        self.last_detail = StepDetail(abs_sum / (world * k), g, float(coef), s, world, k)
         return self.parameters()
 
     def model_step(

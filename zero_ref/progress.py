@@ -1,5 +1,8 @@
 """What rank 0 shows while training: a tqdm bar (step, loss, tokens/s) and a
-loss line every --log-every steps; nothing on other ranks or with --quiet."""
+loss line every --log-every steps; nothing on other ranks.
+
+--quiet removes the progress only. Warnings (config keys that do nothing, unknown
+keys) and results the user asked for (the --check-oracle summary) always print."""
 
 from __future__ import annotations
 
@@ -23,8 +26,13 @@ class Progress:
             )
 
     def say(self, line: str) -> None:
-        """A line on rank 0 (not with --quiet)."""
-        if not self.is_root or self.run.quiet:
+        """A progress line on rank 0 (not with --quiet)."""
+        if not self.run.quiet:
+            self.always(line)
+
+    def always(self, line: str) -> None:
+        """A line on rank 0 in every mode: warnings, and results asked for."""
+        if not self.is_root:
             return
         if self.bar is not None:
             self.bar.write(line)

@@ -4,7 +4,6 @@ rank's memory and communication ledgers beside the paper's formulas."""
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Sequence
@@ -12,13 +11,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from zero_ref import __version__
-from zero_ref.atomic import AtomicTextLog
 from zero_ref.cli import Parsed, UsageError, parse_args
 from zero_ref.comm_ledger import paper_sent_bytes
 from zero_ref.data import encode_corpus, load_text, unigram_entropy
 from zero_ref.failure import step_started
 from zero_ref.memory import fp32_formula_bytes
+from zero_ref.metrics_log import JsonlLog
 from zero_ref.models.unit import init_params
+from zero_ref.output_paths import check_output_paths, output_paths, remove_stale_temporaries
 from zero_ref.progress import Progress
 from zero_ref.report import comm_table, memory_table, rank_report
 from zero_ref.tasks import Task, build_task, describe_params
@@ -28,6 +28,7 @@ from zero_ref.tensor_io import load_named, save_safetensors
 def prepare(parsed: Parsed, world: int) -> tuple[Task, dict, object, np.ndarray]:
     """Corpus, task and initial parameters: all checks before the first collective."""
     run, zero = parsed.run, parsed.zero
+    check_output_paths(run)  # before any work: a bad --export must not cost a run
     vocab, tokens = encode_corpus(load_text(run.data))
     task = build_task(run, vocab, tokens, world, zero.grad_accum)
     task.batches(0)  # a corpus too short for one batch fails here, on every rank alike
@@ -36,12 +37,12 @@ def prepare(parsed: Parsed, world: int) -> tuple[Task, dict, object, np.ndarray]
 
 
 def train(parsed: Parsed, mpi_comm) -> None:
-    from zero_ref.comm import Comm
-    from zero_ref.oracle import Oracle
+    from zero_ref.comm import comm_for
+    from zero_ref.oracle_check import OracleCheck
     from zero_ref.stages import make_engine
 
     run, zero = parsed.run, parsed.zero
-    comm = Comm(mpi_comm, deterministic=zero.deterministic)
+    comm = comm_for(mpi_comm, zero)
     task, init, vocab, tokens = prepare(parsed, comm.size)
     engine = make_engine(task.model, init, zero, comm)
     progress = Progress(run, comm.rank == 0)
@@ -52,11 +53,9 @@ def train(parsed: Parsed, mpi_comm) -> None:
         f"characters, unigram entropy {unigram_entropy(tokens):.3f} nats/char"
     )
     for note in parsed.notes:
-        progress.say(note)
-    oracle = (
-        Oracle(init, zero.optimizer, zero.clip) if run.check_oracle and comm.rank == 0 else None
-    )
-    log = AtomicTextLog(run.log_jsonl) if run.log_jsonl and comm.rank == 0 else None
+        progress.always(note)
+    check = OracleCheck(engine, init, zero, task.model) if run.check_oracle else None
+    log = open_log(run, comm.rank == 0, progress)
     for step in range(run.steps):
         step_started(step + 1, engine)  # for error messages; fires ZERO_REF_INJECT_FAULT
         inputs, targets = task.batches(step)
@@ -74,29 +73,32 @@ def train(parsed: Parsed, mpi_comm) -> None:
             "sent_bytes": comm.ledger.last_step_sent_bytes(),
             "skipped": result.skipped,
         }
-        if run.check_oracle:
-            record["oracle_max_abs_diff"] = check_oracle(engine, oracle, task, inputs, targets, lr)
+        if check:
+            record["oracle_max_abs_diff"] = check.after_step(result, inputs, targets, lr)
         progress.update(record)
         if log:
-            log.write_line(json.dumps(record))
+            log.write(record)
     progress.close()
-    finish(parsed, engine, task, log, progress)
+    if check:
+        progress.always(check.describe())
+    finish(parsed, engine, task, log)
 
 
-def check_oracle(engine, oracle, task: Task, inputs, targets, lr: float) -> float | None:
-    """Rank 0 repeats the step in the single-rank oracle; returns the largest difference."""
-    full = engine.full_parameters()  # a collective: every rank takes part
-    if oracle is None:
+def open_log(run, is_root: bool, progress: Progress) -> JsonlLog | None:
+    """Rank 0's --log-jsonl, after removing what a killed earlier writer left."""
+    if not is_root:
         return None
-    oracle.model_step(task.model, inputs, targets, lr)
-    expected = oracle.parameters()
-    return max(float(np.max(np.abs(full[k] - v), initial=0.0)) for k, v in expected.items())
+    for path in output_paths(run).values():
+        for stale in remove_stale_temporaries(path):
+            progress.always(f"removed {stale}, left by a writer that was killed")
+    return JsonlLog(run.log_jsonl) if run.log_jsonl else None
 
 
-def finish(parsed: Parsed, engine, task: Task, log, progress: Progress) -> None:
+def finish(parsed: Parsed, engine, task: Task, log: JsonlLog | None) -> None:
     """Export, ledgers, sample: the collectives first, then rank 0 alone."""
     run, zero = parsed.run, parsed.zero
-    full = engine.full_parameters()  # a collective at stage 3
+    with engine.comm.ledger.off_the_books():
+        full = engine.full_parameters()  # a collective at stage 3
     reports = engine.comm.mpi.gather(rank_report(engine), root=0)
     if engine.rank != 0:
         return
@@ -107,19 +109,17 @@ def finish(parsed: Parsed, engine, task: Task, log, progress: Progress) -> None:
     print(memory_table(reports, zero.stage, numel, world, k))
     print(comm_table(reports, zero.stage, numel, world, k))
     if log:
-        log.write_line(
-            json.dumps(
-                {
-                    "final": True,
-                    "model": run.model,
-                    "stage": zero.stage,
-                    "world_size": world,
-                    "numel_padded": numel,
-                    "formula_bytes": fp32_formula_bytes(zero.stage, numel, world, k),
-                    "paper_sent_bytes": paper_sent_bytes(zero.stage, numel, world, k),
-                    "ranks": reports,
-                }
-            )
+        log.write(
+            {
+                "final": True,
+                "model": run.model,
+                "stage": zero.stage,
+                "world_size": world,
+                "numel_padded": numel,
+                "formula_bytes": fp32_formula_bytes(zero.stage, numel, world, k),
+                "paper_sent_bytes": paper_sent_bytes(zero.stage, numel, world, k),
+                "ranks": reports,
+            }
         )
         log.close()
     if run.sample_chars:

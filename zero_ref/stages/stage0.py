@@ -38,6 +38,19 @@ class StepResult:
     skipped: bool = False  # a NaN/Inf gradient under the "skip" policy: nothing changed
 
 
+def _check_comm_matches(comm: Comm, cfg: ZeroConfig) -> None:
+    """One determinism switch: the Comm's sums must follow cfg.deterministic, as the
+    norm does, or a run would be half deterministic (build it with comm_for)."""
+    if comm.reduction.deterministic != cfg.deterministic:
+        raise ValueError(
+            f"ZeroConfig.deterministic={cfg.deterministic} but the Comm reduces with "
+            f"{type(comm.reduction).__name__}: build the Comm with "
+            "zero_ref.comm.comm_for(mpi_comm, cfg)"
+        )
+    if cfg.check_schedule:
+        comm.check_schedule = True
+
+
 def accumulate(dst: np.ndarray, src: np.ndarray, first: bool) -> None:
     """dst = src on the first micro-step, dst += src after (the oracle's order)."""
     if first:
@@ -62,8 +75,7 @@ class Stage0DataParallel:
         )
         self.memory = MemoryLedger()
         self.step_count = 0
-        if cfg.check_schedule:
-            comm.check_schedule = True
+        _check_comm_matches(comm, cfg)
         self._init_params(pack_full(init_params, self.layout))
         self._init_grads()
         self._init_optimizer()
@@ -197,3 +209,15 @@ class Stage0DataParallel:
     def full_parameters(self) -> dict[str, np.ndarray]:
         """Every parameter, consolidated (a collective at stage 3; copies)."""
         return unpack_full(self.full_params, self.layout)
+
+    def full_optimizer_state(self) -> dict[str, dict[str, np.ndarray]]:
+        """AdamW's exp_avg (m) and exp_avg_sq (v) of every parameter, by name
+        (a collective at stages 1-3, where each rank holds a shard; copies)."""
+        return {
+            "exp_avg": unpack_full(self._full_optimizer_buffer(self.exp_avg), self.layout),
+            "exp_avg_sq": unpack_full(self._full_optimizer_buffer(self.exp_avg_sq), self.layout),
+        }
+
+    def _full_optimizer_buffer(self, buf: np.ndarray) -> np.ndarray:
+        """Stage 0 keeps the optimizer state whole: it already is the full buffer."""
+        return buf

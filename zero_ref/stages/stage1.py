@@ -70,3 +70,16 @@ class Stage1OptimizerSharded(Stage0DataParallel):
         for unit in self.layout.units:
             if unit.padded_numel:
                 self.comm.allgather_in_place(self.full_params[unit.full_slice()])
+
+    def _full_optimizer_buffer(self, buf: np.ndarray) -> np.ndarray:
+        return self.gather_shard(buf)
+
+    def gather_shard(self, shard: np.ndarray) -> np.ndarray:
+        """The padded full buffer built from every rank's shard-layout buffer, unit by
+        unit (a collective; the ledger calls it "consolidate": it is not training)."""
+        full = np.empty(self.layout.full_numel, np.float32)
+        for unit in self.layout.units:
+            if unit.padded_numel:
+                send = shard[unit.shard_slice()]
+                self.comm.allgather(send, full[unit.full_slice()], kind="consolidate")
+        return full

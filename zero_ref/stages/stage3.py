@@ -27,11 +27,11 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
             shard[unit.shard_slice()] = rank_rows(full[unit.full_slice()], unit)[self.rank]
         self.shard_params = self.memory.hold("params", "shard_params", shard)
 
-    def _gather_unit(self, i: int, kind: str = "allgather") -> np.ndarray:
+    def _gather_unit(self, i: int) -> np.ndarray:
         unit = self.layout.units[i]
         gathered = np.empty(unit.padded_numel, np.float32)
         if unit.padded_numel:
-            self.comm.allgather(self.shard_params[unit.shard_slice()], gathered, kind)
+            self.comm.allgather(self.shard_params[unit.shard_slice()], gathered)
         return gathered
 
     def unit_params(self, i: int) -> dict[str, np.ndarray]:
@@ -52,6 +52,4 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
 
     def full_parameters(self) -> dict[str, np.ndarray]:
         self.comm.set_context(where="consolidate")
-        units = range(len(self.layout.units))
-        full = np.concatenate([self._gather_unit(i, kind="consolidate") for i in units])
-        return unpack_full(full, self.layout)
+        return unpack_full(self.gather_shard(self.shard_params), self.layout)

@@ -1,0 +1,1 @@
+"""Helpers for tests and scripts only: the production path never imports this package."""
