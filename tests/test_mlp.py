@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from zero_ref.data import encode_corpus, micro_batches
+from zero_ref.models import layers
 from zero_ref.models.gradcheck import check_unit_backward, unit_params64
 from zero_ref.models.mlp import CharMLP, Embedding, Hidden, MLPConfig, Output
 from zero_ref.models.unit import full_name, init_params, named_shapes
@@ -93,6 +94,21 @@ def test_embedding_gradcheck(seed):
     # Repeated ids in the batch check that their gradients accumulate.
     ids = np.random.default_rng(seed).integers(0, 3, size=(4, TINY.context))
     check_unit_backward(unit, ids, unit_params64(unit, seed), seed=seed)
+
+
+@pytest.mark.parametrize("batch", [0, 1, 7, 64])
+def test_embedding_backward_is_bitwise_add_at(batch):
+    """The scatter-add kernel the Embedding unit uses adds exactly as np.add.at does."""
+    unit = Embedding(MLPConfig(vocab_size=5, context=3, d_embed=7))
+    rng = np.random.default_rng(batch)
+    ids = rng.integers(0, 5, size=(batch, 3))  # 5 ids, many repeats
+    dout = rng.standard_normal((batch, 3 * 7)).astype(np.float32)
+    table = np.zeros((5, 7), np.float32)
+    grads = {"table": np.full_like(table, np.nan)}
+    unit.backward({"table": table}, ids, dout, grads)
+    want = np.full_like(table, np.nan)
+    layers.embedding_backward_reference(ids, dout.reshape(batch, 3, 7), want)
+    np.testing.assert_array_equal(grads["table"], want)
 
 
 @pytest.mark.parametrize("unit_cls, width", [(Hidden, 12), (Output, 5)])

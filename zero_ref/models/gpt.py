@@ -9,27 +9,27 @@ names the parameters, wires the residual stream and caches what backward needs.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
 import numpy as np
 
 from zero_ref.models.layers import (
+    LayerNormCache,
     cross_entropy,
     embedding_backward,
     embedding_forward,
+    layernorm_backward,
+    layernorm_forward,
     linear_backward,
     linear_forward,
 )
 from zero_ref.models.transformer import (
     AttentionCache,
-    LayerNormCache,
     MLPCache,
     attention_backward,
     attention_forward,
-    layernorm_backward,
-    layernorm_forward,
     mlp_backward,
     mlp_forward,
 )
@@ -221,7 +221,22 @@ def generate(
     rng: np.random.Generator,
     temperature: float = 1.0,
 ) -> np.ndarray:
-    """Sample n_new tokens after prompt_ids (B, T0): returns (B, T0 + n_new) ids.
+    """Sample n_new tokens after prompt_ids (B, T0) from a model whose parameters are
+    all in `params`: returns (B, T0 + n_new) ids."""
+    forward = lambda ids: forward_all(model, params, ids)  # noqa: E731
+    return generate_with(forward, model.config.context, prompt_ids, n_new, rng, temperature)
+
+
+def generate_with(
+    forward: Callable[[np.ndarray], np.ndarray],
+    context: int,
+    prompt_ids: np.ndarray,
+    n_new: int,
+    rng: np.random.Generator,
+    temperature: float = 1.0,
+) -> np.ndarray:
+    """generate, given forward(ids (B, T)) -> logits (B, T, V): a sharded engine's
+    forward gathers one unit at a time, so no rank needs every parameter.
 
     Each step reruns the whole (cropped) window, with no key/value cache:
     slow, but it uses exactly the units' training forward.
@@ -230,8 +245,8 @@ def generate(
         raise ValueError(f"generate: temperature = {temperature!r}: must be > 0")
     ids = np.asarray(prompt_ids)
     for _ in range(n_new):
-        window = ids[:, -model.config.context :]  # the model has no positions past context
-        logits = forward_all(model, params, window)[:, -1, :]  # (B, V)
+        window = ids[:, -context:]  # the model has no positions past context
+        logits = forward(window)[:, -1, :]  # (B, V)
         next_ids = _sample(logits.astype(np.float64) / temperature, rng)  # (B,)
         ids = np.concatenate([ids, next_ids[:, None].astype(ids.dtype)], axis=1)
     return ids

@@ -1,11 +1,17 @@
 """Transformer layer math for the GPT units: forward and hand-written backward.
 
-Layer norm, GPT-2's GELU, the two-layer MLP and causal multi-head
-self-attention, as pure functions of arrays in the style of `layers.py`: a
-backward writes parameter gradients into the views it is given (overwriting
-them) and returns the gradient of its input. Every function keeps the dtype it
-is given. Shape letters: B batch, T time, C channels, nh heads, hs head size
-(C = nh * hs).
+The two-layer MLP with GPT-2's GELU and causal multi-head self-attention, as
+pure functions of arrays in the style of `layers.py` (which holds the linear,
+GELU and layer-norm pieces): a backward writes parameter gradients into the
+views it is given (overwriting them) and returns the gradient of its input.
+Every function keeps the dtype it is given. Shape letters: B batch, T time,
+C channels, nh heads, hs head size (C = nh * hs).
+
+Speed notes (one rank's forward + backward should be GEMM-bound): every matmul
+is one 2-D GEMM or one batched matmul over (B, nh); heads are read and written
+as strided views of the fused (B, T, 3C) and (B, T, C) arrays, never copied;
+the causal softmax and its backward are Numba kernels (NumPy twins beside them)
+that touch only the T (T + 1) / 2 scores a query may see.
 """
 
 from __future__ import annotations
@@ -13,72 +19,23 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import numba
 import numpy as np
 
-from zero_ref.models.layers import linear_backward, linear_forward, tanh_backward
+from zero_ref.models.layers import (
+    gelu_backward,
+    gelu_forward,
+    linear_backward,
+    linear_forward,
+)
 
-LN_EPS = 1e-5
-_GELU_C = math.sqrt(2.0 / math.pi)  # GPT-2's tanh approximation of x * Phi(x)
-_GELU_K = 0.044715
-
-
-# --- layer norm -------------------------------------------------------------
-
-
-class LayerNormCache(NamedTuple):
-    xhat: np.ndarray  # (..., C) normalized input, before gain and bias
-    rstd: np.ndarray  # (..., 1) 1 / sqrt(var + eps)
-
-
-def layernorm_forward(
-    x: np.ndarray, gain: np.ndarray, bias: np.ndarray, eps: float = LN_EPS
-) -> tuple[np.ndarray, LayerNormCache]:
-    """y = (x - mean) / sqrt(var + eps) * gain + bias, over the last axis of x."""
-    centered = x - x.mean(axis=-1, keepdims=True)  # (..., C)
-    var = (centered * centered).mean(axis=-1, keepdims=True)  # (..., 1) biased, as GPT-2
-    rstd = 1 / np.sqrt(var + eps)
-    xhat = centered * rstd
-    return xhat * gain + bias, LayerNormCache(xhat, rstd)
-
-
-def layernorm_backward(
-    cache: LayerNormCache,
-    gain: np.ndarray,
-    dy: np.ndarray,
-    dgain: np.ndarray,
-    dbias: np.ndarray,
-) -> np.ndarray:
-    """Write dL/dgain and dL/dbias into the given views; return dL/dx."""
-    xhat, rstd = cache
-    lead = tuple(range(dy.ndim - 1))  # every axis but C: gain and bias are shared
-    np.sum(dy * xhat, axis=lead, out=dgain)
-    np.sum(dy, axis=lead, out=dbias)
-    dxhat = dy * gain  # (..., C)
-    # Normalizing removes the mean and fixes the variance, so the gradient loses
-    # its component along the constant direction and along xhat.
-    mean_dxhat = dxhat.mean(axis=-1, keepdims=True)
-    mean_dxhat_xhat = (dxhat * xhat).mean(axis=-1, keepdims=True)
-    return (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * rstd
-
-
-# --- GELU and MLP -----------------------------------------------------------
-
-
-def gelu_forward(x: np.ndarray) -> np.ndarray:
-    """GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
-    return 0.5 * x * (1 + np.tanh(_GELU_C * (x + _GELU_K * x**3)))
-
-
-def gelu_backward(x: np.ndarray, dy: np.ndarray) -> np.ndarray:
-    """dL/dx from the GELU input x (the tanh is recomputed, not cached)."""
-    t = np.tanh(_GELU_C * (x + _GELU_K * x**3))
-    d_inner = tanh_backward(t, 0.5 * x * dy)  # through the tanh, into its argument
-    return dy * 0.5 * (1 + t) + d_inner * _GELU_C * (1 + 3 * _GELU_K * x * x)
+# --- MLP --------------------------------------------------------------------
 
 
 class MLPCache(NamedTuple):
     x: np.ndarray  # (B, T, C) input, for the fc weight gradient
     pre: np.ndarray  # (B, T, 4C) fc output before GELU
+    gate: np.ndarray  # (B, T, 4C) GELU's gate: act = pre * gate, and its derivative uses it
 
 
 def mlp_forward(
@@ -86,7 +43,8 @@ def mlp_forward(
 ) -> tuple[np.ndarray, MLPCache]:
     """proj(gelu(fc(x))): (B, T, C) -> (B, T, 4C) -> (B, T, C)."""
     pre = linear_forward(x, fc_w, fc_b)  # (B, T, 4C)
-    return linear_forward(gelu_forward(pre), proj_w, proj_b), MLPCache(x, pre)
+    act, gate = gelu_forward(pre)
+    return linear_forward(act, proj_w, proj_b), MLPCache(x, pre, gate)
 
 
 def mlp_backward(
@@ -100,9 +58,9 @@ def mlp_backward(
     dproj_b: np.ndarray,
 ) -> np.ndarray:
     """Write the four MLP gradients into the given views; return dL/dx."""
-    act = gelu_forward(cache.pre)  # recomputed: caching it would double the 4C-wide memory
+    act = cache.pre * cache.gate  # one multiply: cheaper than a third cached 4C-wide array
     dact = linear_backward(act, proj_w, dy, dproj_w, dproj_b)  # (B, T, 4C)
-    dpre = gelu_backward(cache.pre, dact)
+    dpre = gelu_backward(cache.pre, cache.gate, dact)
     return linear_backward(cache.x, fc_w, dpre, dfc_w, dfc_b)
 
 
@@ -119,20 +77,20 @@ class AttentionCache(NamedTuple):
 
 
 def split_heads(x: np.ndarray, n_head: int) -> np.ndarray:
-    """(B, T, C) -> (B, nh, T, hs), a view where possible."""
+    """(B, T, C) -> (B, nh, T, hs), a view: head h is columns h*hs .. (h+1)*hs."""
     B, T, C = x.shape
     return x.reshape(B, T, n_head, C // n_head).transpose(0, 2, 1, 3)
 
 
-def merge_heads(x: np.ndarray) -> np.ndarray:
-    """(B, nh, T, hs) -> (B, T, C), the inverse of split_heads."""
-    B, nh, T, hs = x.shape
-    return x.transpose(0, 2, 1, 3).reshape(B, T, nh * hs)
+def split_qkv(qkv: np.ndarray, n_head: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(B, T, 3C) -> q, k, v, each (B, nh, T, hs): views, so writing into them fills qkv.
 
-
-def causal_mask(T: int) -> np.ndarray:
-    """(T, T) bool, True where key position j lies in the future of query i (j > i)."""
-    return np.triu(np.ones((T, T), dtype=bool), k=1)
+    Columns [0, C) are the queries, [C, 2C) the keys, [2C, 3C) the values, each
+    split into heads as split_heads does.
+    """
+    B, T, C3 = qkv.shape
+    parts = qkv.reshape(B, T, 3, n_head, C3 // (3 * n_head)).transpose(2, 0, 3, 1, 4)
+    return parts[0], parts[1], parts[2]
 
 
 def attention_forward(
@@ -148,14 +106,12 @@ def attention_forward(
     qkv_w (C, 3C) and qkv_b (3C,) make queries, keys and values in one matmul;
     proj_w (C, C) and proj_b (C,) mix the heads back together.
     """
-    T = x.shape[1]
     qkv = linear_forward(x, qkv_w, qkv_b)  # (B, T, 3C)
-    q, k, v = (split_heads(part, n_head) for part in np.split(qkv, 3, axis=-1))
-    scale = 1 / math.sqrt(q.shape[-1])
-    scores = (q @ k.swapaxes(-1, -2)) * scale  # (B, nh, T, T)
-    scores[..., causal_mask(T)] = -np.inf  # a position may not look at later ones
-    att = _softmax_inplace(scores)
-    y = merge_heads(att @ v)  # (B, T, C)
+    q, k, v = split_qkv(qkv, n_head)
+    scores = q @ k.swapaxes(-1, -2)  # (B, nh, T, T)
+    att = causal_softmax(scores, 1 / math.sqrt(q.shape[-1]))  # in place
+    y = np.empty_like(x)  # (B, T, C): each head's output lands in its own columns
+    np.matmul(att, v, out=split_heads(y, n_head))
     out = linear_forward(y, proj_w, proj_b)
     return out, AttentionCache(x, q, k, v, att, y)
 
@@ -172,22 +128,100 @@ def attention_backward(
 ) -> np.ndarray:
     """Write the four attention gradients into the given views; return dL/dx."""
     x, q, k, v, att, y = cache
+    n_head = q.shape[1]
     dy = linear_backward(y, proj_w, dout, dproj_w, dproj_b)  # (B, T, C)
-    dyh = split_heads(dy, n_head=q.shape[1])  # (B, nh, T, hs)
+    dyh = split_heads(dy, n_head)  # (B, nh, T, hs)
+    dqkv = np.empty((*x.shape[:2], 3 * x.shape[2]), dy.dtype)  # (B, T, 3C), filled by head
+    dq, dk, dv = split_qkv(dqkv, n_head)
+    np.matmul(att.swapaxes(-1, -2), dyh, out=dv)
     datt = dyh @ v.swapaxes(-1, -2)  # (B, nh, T, T)
-    dv = att.swapaxes(-1, -2) @ dyh  # (B, nh, T, hs)
-    # Softmax backward. Masked entries have att == 0, so they get no gradient.
-    dscores = att * (datt - (datt * att).sum(axis=-1, keepdims=True))
-    dscores *= 1 / math.sqrt(q.shape[-1])
-    dq = dscores @ k  # (B, nh, T, hs)
-    dk = dscores.swapaxes(-1, -2) @ q  # (B, nh, T, hs)
-    dqkv = np.concatenate([merge_heads(d) for d in (dq, dk, dv)], axis=-1)  # (B, T, 3C)
+    dscores = causal_softmax_backward(att, datt, 1 / math.sqrt(q.shape[-1]))  # in place
+    np.matmul(dscores, k, out=dq)
+    np.matmul(dscores.swapaxes(-1, -2), q, out=dk)
     return linear_backward(x, qkv_w, dqkv, dqkv_w, dqkv_b)
 
 
-def _softmax_inplace(scores: np.ndarray) -> np.ndarray:
-    """Softmax over the last axis, reusing the scores' memory for the probabilities."""
+# --- the causal softmax: Numba kernels and their NumPy twins ----------------
+
+
+def causal_softmax(scores: np.ndarray, scale: float) -> np.ndarray:
+    """softmax(scale * scores) over the last axis, keys after the query masked out.
+
+    scores (..., T, T), C-contiguous, is overwritten with the probabilities
+    (exactly 0 above the diagonal) and returned.
+    """
+    assert scores.flags.c_contiguous, "causal_softmax works in place: scores must be contiguous"
+    T = scores.shape[-1]
+    _causal_softmax_kernel(scores.reshape(-1, T, T), scores.dtype.type(scale))
+    return scores
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})
+def _causal_softmax_kernel(scores, scale):  # pragma: no cover
+    zero, one = scores.dtype.type(0.0), scores.dtype.type(1.0)
+    R, T, _ = scores.shape  # R = B * nh score matrices
+    for r in range(R):
+        for i in range(T):  # query i sees keys 0 .. i
+            top = scores[r, i, 0]
+            for j in range(1, i + 1):
+                top = max(top, scores[r, i, j])
+            total = zero
+            for j in range(i + 1):  # the exponents are <= 0: exp cannot overflow
+                scores[r, i, j] = math.exp((scores[r, i, j] - top) * scale)
+                total += scores[r, i, j]
+            inv_total = one / total
+            for j in range(i + 1):
+                scores[r, i, j] *= inv_total
+            for j in range(i + 1, T):
+                scores[r, i, j] = zero
+
+
+def causal_softmax_backward(att: np.ndarray, datt: np.ndarray, scale: float) -> np.ndarray:
+    """dL/dscores from the probabilities att and dL/datt (..., T, T); datt is overwritten.
+
+    The softmax Jacobian gives att * (datt - sum_j datt * att) per row, times
+    the scale the scores were multiplied by. Masked entries have att == 0.
+    """
+    assert datt.flags.c_contiguous, (
+        "causal_softmax_backward works in place: datt must be contiguous"
+    )
+    T = att.shape[-1]
+    _causal_softmax_backward_kernel(
+        att.reshape(-1, T, T), datt.reshape(-1, T, T), att.dtype.type(scale)
+    )
+    return datt
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})
+def _causal_softmax_backward_kernel(att, datt, scale):  # pragma: no cover
+    R, T, _ = att.shape
+    for r in range(R):
+        for i in range(T):
+            dot = att.dtype.type(0.0)
+            for j in range(i + 1):
+                dot += datt[r, i, j] * att[r, i, j]
+            for j in range(i + 1):
+                datt[r, i, j] = att[r, i, j] * (datt[r, i, j] - dot) * scale
+            for j in range(i + 1, T):
+                datt[r, i, j] = 0
+
+
+def causal_softmax_reference(scores: np.ndarray, scale: float) -> np.ndarray:
+    """The twin of causal_softmax: mask with -inf, then a softmax in NumPy operations."""
+    T = scores.shape[-1]
+    scores *= scale
+    scores += np.triu(np.full((T, T), -np.inf, scores.dtype), k=1)  # exp(-inf) = 0: no look-ahead
     scores -= scores.max(axis=-1, keepdims=True)  # the diagonal is never masked: finite
     np.exp(scores, out=scores)
     scores /= scores.sum(axis=-1, keepdims=True)
     return scores
+
+
+def causal_softmax_backward_reference(
+    att: np.ndarray, datt: np.ndarray, scale: float
+) -> np.ndarray:
+    """The twin of causal_softmax_backward, in NumPy operations."""
+    datt -= np.sum(datt * att, axis=-1, keepdims=True)
+    datt *= att
+    datt *= scale
+    return datt
