@@ -114,13 +114,13 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
 
 def plan(engine) -> dict:
     """What the test checks the bucket plan against: each unit's padded numel, the
-    engine's buckets (stages 2-3) and its buffers' bytes (staging, scratch)."""
+    engine's buckets (stages 1-3) and its buffers' bytes (staging, scratch)."""
     buckets = getattr(engine, "buckets", None)
     return {
         "unit_padded_numels": [u.padded_numel for u in engine.layout.units],
         "buckets": None
         if buckets is None
-        else [[b.first_unit, b.last_unit, b.shard_offset, b.shard_numel] for b in buckets],
+        else [[b.first_unit, b.last_unit, b.shard_offset, b.shard_numel] for b in buckets.plan],
         "buffer_bytes": {n: int(a.nbytes) for n, a in engine.memory.held["buffers"].items()},
     }
 

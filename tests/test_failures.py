@@ -17,6 +17,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ import pytest
 from tests.mpi_pool import REPO, mpi_env, mpirun_command, run_watched
 from zero_ref.data import encode_corpus
 from zero_ref.failure import CollectiveError, FailureGuard, step_started
-from zero_ref.faults import Fault
+from zero_ref.faults import FAULT_LOG_ENV, Fault
 from zero_ref.flat import build_layout, rank_rows
 from zero_ref.metrics_log import read_jsonl
 from zero_ref.models.mlp import CharMLP, MLPConfig
@@ -57,10 +58,13 @@ class Job:
     ended_at: float  # unix time mpirun was seen to exit
     seconds: float  # wall time from mpirun's start
     marker: str
+    fault_log: Path  # where the fault injector wrote when it fired (ZERO_REF_FAULT_LOG)
 
     def fault_time(self) -> float:
-        """When the injected fault fired, as it logged it."""
-        found = re.search(r"zero_ref fault: .* at t=([0-9.]+)", self.stderr)
+        """When the injected fault fired, as it logged it: from its file, which an MPI
+        abort cannot lose, else from stderr."""
+        logged = self.fault_log.read_text() if self.fault_log.exists() else ""
+        found = re.search(r"zero_ref fault: .* at t=([0-9.]+)", logged + self.stderr)
         assert found, f"the fault never fired:\n{self.stderr[-3000:]}"
         return float(found.group(1))
 
@@ -74,11 +78,14 @@ def run_job(args: list[str], env: dict[str, str] | None = None, ends_after=FAULT
     nothing for minutes or is still running EXIT_AFTER_FAULT_S after a line with
     `ends_after` (the fault firing)."""
     marker = uuid.uuid4().hex
-    full_env = {**mpi_env(), **(env or {}), MARKER: marker}
+    fault_log = Path(tempfile.gettempdir()) / f"zero_ref_fault_{marker}.log"
+    full_env = {**mpi_env(), **(env or {}), MARKER: marker, FAULT_LOG_ENV: str(fault_log)}
     done = run_watched(
         mpirun_command(WORLD, *args), env=full_env, end_after=(ends_after, EXIT_AFTER_FAULT_S)
     )
-    return Job(done.returncode, done.stdout, done.stderr, done.ended_at, done.seconds, marker)
+    return Job(
+        done.returncode, done.stdout, done.stderr, done.ended_at, done.seconds, marker, fault_log
+    )
 
 
 def train_job(tmp_path: Path, *flags: str, env: dict[str, str] | None = None) -> Job:

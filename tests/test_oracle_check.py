@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.mpi_pool import mpi_env, mpirun_command, run_watched
-from zero_ref.comm_ledger import paper_sent_bytes
+from zero_ref.comm_ledger import expected_sent_bytes
 from zero_ref.config import AdamWConfig
 from zero_ref.metrics_log import read_jsonl
 from zero_ref.oracle import Oracle
@@ -93,7 +93,7 @@ def test_checking_traffic_stays_out_of_the_step_totals(tmp_path):
     assert job.returncode == 0, job.stderr[-3000:]
     records = read_jsonl(log)
     final = records[-1]
-    paper = paper_sent_bytes(3, final["numel_padded"], 4, 1)
+    expected = expected_sent_bytes(3, final["unit_padded_numels"], 4, 1)
     small = 48 + 48  # the loss and the norm: one float64 each, all-reduced
-    assert [r["sent_bytes"] for r in records[:-1]] == [paper + small] * 4
+    assert [r["sent_bytes"] for r in records[:-1]] == [expected + small] * 4
     assert all("consolidate" not in r["comm_last_step"] for r in final["ranks"])

@@ -142,6 +142,28 @@ class Comm:
             "allgather", buf.size // self.size, 1, lambda: self.mpi.Allgather(MPI.IN_PLACE, buf)
         )
 
+    def gather_to_root(self, send: np.ndarray, recv: np.ndarray | None, kind: str) -> None:
+        """recv (W*n,) on rank 0 <- every rank's send (n,), in rank order; other ranks
+        pass recv=None and hold nothing (streaming consolidation to one writer)."""
+        if self.rank == 0:
+            _check_blocks(recv, send, self.size)
+        self._agree("gather", send.size)
+        t0 = time.perf_counter()
+        self.mpi.Gather(send, recv if self.rank == 0 else None, root=0)
+        nbytes = send.size * F32_BYTES
+        sent, received = (0, (self.size - 1) * nbytes) if self.rank == 0 else (nbytes, 0)
+        self.ledger.record(kind, sent, received, time.perf_counter() - t0)
+
+    def broadcast(self, buf: np.ndarray, kind: str) -> None:
+        """buf <- rank 0's buf, on every rank (small arrays: sampled logits)."""
+        self._agree("broadcast", buf.size, buf.dtype.name)
+        t0 = time.perf_counter()
+        self.mpi.Bcast(buf, root=0)
+        nbytes = buf.nbytes * (self.size - 1) if self.rank == 0 else 0
+        self.ledger.record(
+            kind, nbytes, 0 if self.rank == 0 else buf.nbytes, time.perf_counter() - t0
+        )
+
     def iallgather(self, send: np.ndarray, recv: np.ndarray) -> Handle:
         """Non-blocking allgather; recv is valid after handle.wait()."""
         _check_blocks(recv, send, self.size)

@@ -16,7 +16,7 @@ are recorded `off_the_books()`: counted apart, never in a training step.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -94,3 +94,33 @@ def paper_sent_bytes(stage: int, numel: int, world_size: int, grad_accum: int) -
     per_collective = 4 * numel * (world_size - 1) // world_size
     k = grad_accum
     return per_collective * {0: 2 * k, 1: k + 1, 2: k + 1, 3: 3 * k}[stage]
+
+
+def expected_sent_bytes(
+    stage: int, unit_numels: Sequence[int], world_size: int, grad_accum: int
+) -> int:
+    """Bytes one rank sends per step for parameters and gradients in zero_ref's schedule.
+
+    As paper_sent_bytes, except at stage 3, where the gathered-unit buffer is
+    reused: the last unit's forward gather serves its backward too, and unit 0's
+    backward gather serves the next micro-step's forward. unit_numels are the
+    padded sizes, in forward order."""
+    psi = sum(unit_numels)
+    if stage < 3:
+        return paper_sent_bytes(stage, psi, world_size, grad_accum)
+    per_element = 4 * (world_size - 1) / world_size
+    counts = stage3_gathers(len(unit_numels), grad_accum)
+    gathered = sum(n * c for n, c in zip(unit_numels, counts, strict=True))
+    return int(per_element * (gathered + grad_accum * psi))
+
+
+def stage3_gathers(n_units: int, grad_accum: int) -> list[int]:
+    """How often each unit is all-gathered in one step at stage 3: forward in order,
+    backward in reverse, a unit already in the buffer not gathered again."""
+    counts, held = [0] * n_units, None
+    for _ in range(grad_accum):
+        for i in [*range(n_units), *range(n_units - 1, -1, -1)]:
+            if held != i:
+                counts[i] += 1
+                held = i
+    return counts

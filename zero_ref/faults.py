@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 FAULT_ENV = "ZERO_REF_INJECT_FAULT"
+FAULT_LOG_ENV = "ZERO_REF_FAULT_LOG"  # optional: a file each fired fault is appended to
 KINDS = ("raise", "kill", "skip_gather", "nan", "inf", "drop_grad", "bias_correction")
 
 
@@ -125,11 +126,14 @@ def _poison_gradient(engine, i: int, value: float) -> None:
 
 
 def _fired(fault: Fault) -> None:
-    print(
-        f"zero_ref fault: {fault} fired (pid {os.getpid()}) at t={time.time():.3f}",
-        file=sys.stderr,
-        flush=True,
-    )
+    """Say that the fault fired, on stderr and, if ZERO_REF_FAULT_LOG names a file, there
+    too: mpirun may drop a rank's last output when the job aborts, a file keeps it."""
+    line = f"zero_ref fault: {fault} fired (pid {os.getpid()}) at t={time.time():.3f}"
+    print(line, file=sys.stderr, flush=True)
+    log = os.environ.get(FAULT_LOG_ENV)
+    if log:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
 
 
 def _on_next_call(obj, name: str, action: Callable) -> None:

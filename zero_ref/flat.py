@@ -108,6 +108,10 @@ class FlatLayout:
     def names(self) -> list[str]:
         return [f"{u.name}.{s.name}" for u in self.units for s in u.slots]
 
+    def named_shapes(self) -> list[tuple[str, Shape]]:
+        """(global name, shape) of every tensor, in layout order."""
+        return [(f"{u.name}.{s.name}", s.shape) for u in self.units for s in u.slots]
+
 
 def build_layout(
     units: Sequence[tuple[str, Sequence[tuple[str, Shape]]]], world_size: int

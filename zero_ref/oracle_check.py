@@ -19,13 +19,14 @@ off the communication ledger's step totals.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from zero_ref.config import ZeroConfig
 from zero_ref.failure import CollectiveError
+from zero_ref.flat import tensor_views
+from zero_ref.init_source import InitSource
 from zero_ref.oracle import Oracle
 from zero_ref.oracle_bound import (
     StepBound,
@@ -35,6 +36,7 @@ from zero_ref.oracle_bound import (
     worst_violation,
 )
 
+STATE_KINDS = ("param", "exp_avg", "exp_avg_sq")
 LOSS_RELATIVE = 1e-12  # the loss is a float64 mean of the same per-rank losses, reordered
 
 
@@ -55,9 +57,11 @@ class RunSummary:
 class OracleCheck:
     """Created on every rank (consolidation is a collective); the oracle lives on rank 0."""
 
-    def __init__(self, engine, init: Mapping[str, np.ndarray], cfg: ZeroConfig, model) -> None:
+    def __init__(self, engine, init: InitSource, cfg: ZeroConfig, model) -> None:
         self.engine, self.cfg, self.model = engine, cfg, model
-        self.oracle = Oracle(init, cfg.optimizer, cfg.clip) if engine.rank == 0 else None
+        self.oracle = None  # the one full copy of the model, on rank 0 alone
+        if engine.rank == 0:
+            self.oracle = Oracle(init.all_parameters(), cfg.optimizer, cfg.clip)
         self.summary = RunSummary()
         self._last_diff = math.nan
 
@@ -66,18 +70,30 @@ class OracleCheck:
         difference (rank 0; NaN elsewhere). Raises OracleMismatchError on every rank."""
         engine = self.engine
         with engine.comm.ledger.off_the_books():
-            params = engine.full_parameters()
-            moments = engine.full_optimizer_state()
+            state = self._state_on_root()
             problem = None
             if self.oracle is not None:
+                params, moments = state["param"], state
                 problem = self._compare(result, inputs, targets, lr, params, moments)
             agreed = engine.comm.allreduce_min_int64(0 if problem else 1, kind="check")
         if not agreed:
             raise OracleMismatchError(problem or "--check-oracle failed on rank 0 (its message)")
         if self.oracle is None:
             return math.nan
-        self.oracle.load_state(params, moments["exp_avg"], moments["exp_avg_sq"], result.step)
+        self.oracle.load_state(state["param"], state["exp_avg"], state["exp_avg_sq"], result.step)
         return self._last_diff
+
+    def _state_on_root(self) -> dict[str, dict[str, np.ndarray]]:
+        """The engine's parameters, m and v by name, streamed to rank 0 unit by unit
+        (a collective; the other ranks get empty dicts and hold nothing extra)."""
+        state: dict[str, dict[str, np.ndarray]] = {k: {} for k in STATE_KINDS}
+
+        def keep(kind: str, unit, flat: np.ndarray) -> None:
+            for name, tensor in tensor_views(flat, unit).items():
+                state[kind][f"{unit.name}.{name}"] = tensor.copy()
+
+        self.engine.stream_state(STATE_KINDS, keep)
+        return state
 
     def describe(self) -> str:
         """One line for the end of the run, in every mode (--quiet too)."""

@@ -2,19 +2,43 @@
 
 from __future__ import annotations
 
-from zero_ref.comm_ledger import CommLedger, paper_sent_bytes
+from zero_ref.comm_ledger import CommLedger, expected_sent_bytes, paper_sent_bytes
 from zero_ref.memory import CATEGORIES, fp32_formula_bytes, paper_formula_bytes
+from zero_ref.process_memory import PhasePeaks
 
 
-def rank_report(engine) -> dict:
-    """This rank's ledgers, as plain data (gathered to rank 0 at the end)."""
+def rank_report(engine, phases: PhasePeaks | None = None) -> dict:
+    """This rank's ledgers and real resident peaks, as plain data (gathered to rank 0)."""
     return {
         "rank": engine.rank,
         "memory_bytes": engine.memory.bytes_by_category(),
         "peak_bytes": engine.memory.peak_bytes,
         "peak_by_category": dict(engine.memory.peak_by_category),
+        "rss_baseline_bytes": phases.baseline if phases else None,
+        "rss_peak_bytes": dict(phases.peaks) if phases else {},
         "comm_last_step": engine.comm.ledger.last_step(),
     }
+
+
+def rss_table(reports: list[dict]) -> str:
+    """The ledger's peak beside the process's real peak above its baseline, per phase."""
+    phases = list(reports[0]["rss_peak_bytes"]) if reports and reports[0]["rss_peak_bytes"] else []
+    if not phases:
+        return "real resident memory: not available on this system (/proc/self/status)"
+    head = "rank " + f"{'ledger peak':>12}" + "".join(f"{'real ' + p:>12}" for p in phases)
+    lines = [
+        "ledger vs process, MiB (real: peak resident set above the baseline after imports, "
+        "per phase; untracked = real peak - ledger peak: activations, MPI, Python)",
+        head + f"{'untracked':>12}",
+    ]
+    for r in reports:
+        real = r["rss_peak_bytes"]
+        cells = "".join(f"{real[p] / 2**20:12.3f}" for p in phases)
+        untracked = max(real.values()) - r["peak_bytes"]
+        lines.append(
+            f"{r['rank']:>4} {r['peak_bytes'] / 2**20:12.3f}{cells}{untracked / 2**20:12.3f}"
+        )
+    return "\n".join(lines)
 
 
 def _mib(n: float) -> str:
@@ -40,8 +64,9 @@ def memory_table(reports: list[dict], stage: int, numel: int, world: int, k: int
     return "\n".join(lines)
 
 
-def comm_table(reports: list[dict], stage: int, numel: int, world: int, k: int) -> str:
-    """Bytes each rank sent in the last step, by collective, beside the paper's volume."""
+def comm_table(reports: list[dict], stage: int, unit_numels: list[int], world: int, k: int) -> str:
+    """Bytes each rank sent in the last step, by collective, beside the paper's volume
+    and zero_ref's own schedule. unit_numels: the padded unit sizes, forward order."""
     kinds = sorted({kind for r in reports for kind in r["comm_last_step"]})
     lines = [
         "communication in the last step, bytes sent per rank "
@@ -52,17 +77,21 @@ def comm_table(reports: list[dict], stage: int, numel: int, world: int, k: int) 
         step = r["comm_last_step"]
         cells = "".join(f"{int(step.get(kind, {}).get('sent_bytes', 0)):>16,}" for kind in kinds)
         lines.append(f"{r['rank']:>4} {cells}{CommLedger.step_sent_bytes(step):>16,}")
-    lines.append(_paper_line(stage, numel, world, k))
+    lines += _volume_lines(stage, unit_numels, world, k)
     return "\n".join(lines)
 
 
-def _paper_line(stage: int, numel: int, world: int, k: int) -> str:
-    """The paper's Sec. 7 volume; it counts one micro-step, so k > 1 says so."""
-    paper = paper_sent_bytes(stage, numel, world, 1)
-    if k == 1:
-        return f"paper (Sec. 7), params + grads: {paper:,} bytes per rank per step"
-    expected = paper_sent_bytes(stage, numel, world, k)
-    return (
-        f"expected with grad-accum {k}: {expected:,} bytes per rank per step "
-        f"(the paper's Sec. 7 figure, {paper:,}, is for one micro-step)"
-    )
+def _volume_lines(stage: int, unit_numels: list[int], world: int, k: int) -> list[str]:
+    """The paper's Sec. 7 volume (one micro-step), and what zero_ref's schedule sends:
+    k micro-steps, and at stage 3 no gather of a unit the buffer already holds."""
+    paper = paper_sent_bytes(stage, sum(unit_numels), world, 1)
+    expected = expected_sent_bytes(stage, unit_numels, world, k)
+    lines = [f"paper (Sec. 7), params + grads, one micro-step: {paper:,} bytes per rank"]
+    if expected != paper:
+        why = []
+        if k > 1:
+            why.append(f"{k} micro-steps")
+        if stage == 3:
+            why.append("no re-gather of the unit in the buffer")
+        lines.append(f"this schedule ({', '.join(why)}): {expected:,} bytes per rank per step")
+    return lines

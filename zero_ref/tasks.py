@@ -10,11 +10,12 @@ import numpy as np
 
 from zero_ref.cli import RunConfig
 from zero_ref.data import CharVocab, micro_batches, sequence_batches
-from zero_ref.models.gpt import GPT, GPTConfig, generate
+from zero_ref.models.gpt import GPT, GPTConfig, generate_with
 from zero_ref.models.mlp import CharMLP, MLPConfig
-from zero_ref.models.unit import Model, forward_all
+from zero_ref.models.unit import Model
 
 Batches = Callable[[int], tuple[np.ndarray, np.ndarray]]  # step -> inputs, targets (k, W, b, ...)
+Forward = Callable[[np.ndarray], np.ndarray]  # the model's output for a batch of ids
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class Task:
     model: Model
     batches: Batches
     tokens_per_step: int  # predicted characters per optimizer step, all ranks
-    sample: Callable[[dict, int, int], str]  # (full params, n chars, seed) -> text
+    sample: Callable[[Forward, int, int], str]  # (forward, n chars, seed) -> text
 
 
 def build_task(
@@ -49,18 +50,18 @@ def _start_id(vocab: CharVocab) -> int:
     return int(vocab.encode("\n")[0]) if "\n" in vocab.chars else 0
 
 
-def _sample_gpt(model: GPT, params: dict, vocab: CharVocab, n: int, seed: int) -> str:
+def _sample_gpt(model: GPT, forward: Forward, vocab: CharVocab, n: int, seed: int) -> str:
     prompt = np.array([[_start_id(vocab)]])
-    ids = generate(model, params, prompt, n, np.random.default_rng(seed))
+    ids = generate_with(forward, model.config.context, prompt, n, np.random.default_rng(seed))
     return vocab.decode(ids[0, 1:])
 
 
-def _sample_mlp(model: CharMLP, params: dict, vocab: CharVocab, n: int, seed: int) -> str:
+def _sample_mlp(model: CharMLP, forward: Forward, vocab: CharVocab, n: int, seed: int) -> str:
     """n characters from the MLP, starting from a window of newlines."""
     rng, context = np.random.default_rng(seed), model.config.context
     ids = [_start_id(vocab)] * context
     for _ in range(n):
-        logits = forward_all(model, params, np.array([ids[-context:]]))[0].astype(np.float64)
+        logits = forward(np.array([ids[-context:]]))[0].astype(np.float64)
         p = np.exp(logits - logits.max())
         ids.append(int(rng.choice(len(p), p=p / p.sum())))
     return vocab.decode(np.array(ids[context:]))

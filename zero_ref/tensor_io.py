@@ -53,12 +53,15 @@ class TensorFile:
     def _open(self) -> None:
         if self.path.suffix == ".npz":
             self._npz = np.load(self.path, allow_pickle=False)
-            self.shapes = {k: tuple(self._npz[k].shape) for k in self._npz.files}
+            members = {k: self._npz[k] for k in self._npz.files}  # read to learn shapes: once
+            self.shapes = {k: tuple(v.shape) for k, v in members.items()}
+            self.dtypes = {k: v.dtype for k, v in members.items()}
             self._cache: tuple[str, np.ndarray] | None = None
             return
         self._npz = None
         self._entries, self._data_start = _read_header(self.path)
         self.shapes = {k: tuple(e["shape"]) for k, e in self._entries.items()}
+        self.dtypes = {k: np.dtype(np.float32) for k in self._entries}  # all read as float32
 
     def read(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Elements [start, stop) of tensor `name` in flat (C) order, as float32."""

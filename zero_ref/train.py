@@ -12,27 +12,31 @@ import numpy as np
 
 from zero_ref import __version__
 from zero_ref.cli import Parsed, UsageError, parse_args
-from zero_ref.comm_ledger import paper_sent_bytes
+from zero_ref.comm_ledger import expected_sent_bytes, paper_sent_bytes
 from zero_ref.data import encode_corpus, load_text, unigram_entropy
 from zero_ref.failure import step_started
+from zero_ref.flat import tensor_views
+from zero_ref.init_source import FileInit, InitSource, RandomInit
 from zero_ref.memory import fp32_formula_bytes
 from zero_ref.metrics_log import JsonlLog
-from zero_ref.models.unit import init_params
 from zero_ref.output_paths import check_output_paths, output_paths, remove_stale_temporaries
+from zero_ref.process_memory import PhasePeaks
 from zero_ref.progress import Progress
-from zero_ref.report import comm_table, memory_table, rank_report
+from zero_ref.report import comm_table, memory_table, rank_report, rss_table
 from zero_ref.tasks import Task, build_task, describe_params
-from zero_ref.tensor_io import load_named, save_safetensors
+from zero_ref.tensor_io import SafetensorsWriter
 
 
-def prepare(parsed: Parsed, world: int) -> tuple[Task, dict, object, np.ndarray]:
-    """Corpus, task and initial parameters: all checks before the first collective."""
+def prepare(parsed: Parsed, world: int) -> tuple[Task, InitSource, object, np.ndarray]:
+    """Corpus, task and where the initial parameters come from: all checks before the
+    first collective. No parameter is drawn or read yet: each rank will take only its
+    own share (zero_ref/init_source.py)."""
     run, zero = parsed.run, parsed.zero
     check_output_paths(run)  # before any work: a bad --export must not cost a run
     vocab, tokens = encode_corpus(load_text(run.data))
     task = build_task(run, vocab, tokens, world, zero.grad_accum)
     task.batches(0)  # a corpus too short for one batch fails here, on every rank alike
-    init = load_named(run.init) if run.init else init_params(task.model, run.seed)
+    init = FileInit(run.init, task.model) if run.init else RandomInit(task.model, run.seed)
     return task, init, vocab, tokens
 
 
@@ -42,9 +46,12 @@ def train(parsed: Parsed, mpi_comm) -> None:
     from zero_ref.stages import make_engine
 
     run, zero = parsed.run, parsed.zero
+    warm_up_kernels()  # their compilation is part of the baseline, not of ZeRO's memory
+    phases = PhasePeaks()
     comm = comm_for(mpi_comm, zero)
     task, init, vocab, tokens = prepare(parsed, comm.size)
     engine = make_engine(task.model, init, zero, comm)
+    phases.end("init")
     progress = Progress(run, comm.rank == 0)
     progress.say(
         f"zero_ref {__version__}: {run.model}, stage {zero.stage}, {comm.size} ranks, "
@@ -79,9 +86,25 @@ def train(parsed: Parsed, mpi_comm) -> None:
         if log:
             log.write(record)
     progress.close()
+    phases.end("train")
     if check:
         progress.always(check.describe())
-    finish(parsed, engine, task, log)
+    finish(parsed, engine, task, log, phases)
+
+
+def warm_up_kernels() -> None:
+    """Load (or compile) the Numba kernels, and let BLAS allocate its work buffers,
+    now: what libraries set up once belongs to the baseline, not to ZeRO."""
+    from zero_ref.adamw import adamw_kernel, adamw_scalars
+    from zero_ref.config import AdamWConfig
+    from zero_ref.gradnorm import sumsq_bins, sumsq_fast
+
+    x = np.zeros(1, np.float32)
+    adamw_kernel(x, x.copy(), x.copy(), x.copy(), adamw_scalars(AdamWConfig(), 1))
+    sumsq_bins(x)
+    sumsq_fast(x)
+    a = np.ones((256, 256), np.float32)
+    a @ a
 
 
 def open_log(run, is_root: bool, progress: Progress) -> JsonlLog | None:
@@ -94,20 +117,25 @@ def open_log(run, is_root: bool, progress: Progress) -> JsonlLog | None:
     return JsonlLog(run.log_jsonl) if run.log_jsonl else None
 
 
-def finish(parsed: Parsed, engine, task: Task, log: JsonlLog | None) -> None:
-    """Export, ledgers, sample: the collectives first, then rank 0 alone."""
+def finish(parsed: Parsed, engine, task: Task, log: JsonlLog | None, phases: PhasePeaks) -> None:
+    """Export, sample, ledgers: the collectives first, then rank 0 alone. Nothing here
+    needs the whole model on any rank: both stream it one unit at a time."""
     run, zero = parsed.run, parsed.zero
     with engine.comm.ledger.off_the_books():
-        full = engine.full_parameters()  # a collective at stage 3
-    reports = engine.comm.mpi.gather(rank_report(engine), root=0)
+        if run.export:
+            export(engine, run.export)
+        sample = sample_text(engine, task, run) if run.sample_chars else None
+    phases.end("finish")
+    reports = engine.comm.mpi.gather(rank_report(engine, phases), root=0)
     if engine.rank != 0:
         return
     if run.export:
-        save_safetensors(run.export, full)
         print(f"exported consolidated parameters to {run.export}")
     numel, world, k = engine.layout.full_numel, engine.world, zero.grad_accum
+    unit_numels = [u.padded_numel for u in engine.layout.units]
     print(memory_table(reports, zero.stage, numel, world, k))
-    print(comm_table(reports, zero.stage, numel, world, k))
+    print(rss_table(reports))
+    print(comm_table(reports, zero.stage, unit_numels, world, k))
     if log:
         log.write(
             {
@@ -117,13 +145,49 @@ def finish(parsed: Parsed, engine, task: Task, log: JsonlLog | None) -> None:
                 "world_size": world,
                 "numel_padded": numel,
                 "formula_bytes": fp32_formula_bytes(zero.stage, numel, world, k),
-                "paper_sent_bytes": paper_sent_bytes(zero.stage, numel, world, k),
+                "unit_padded_numels": unit_numels,
+                "paper_sent_bytes": paper_sent_bytes(zero.stage, numel, world, 1),
+                "expected_sent_bytes": expected_sent_bytes(zero.stage, unit_numels, world, k),
                 "ranks": reports,
             }
         )
         log.close()
-    if run.sample_chars:
-        print("sample:\n" + task.sample(full, run.sample_chars, run.seed), flush=True)
+    if sample is not None:
+        print("sample:\n" + sample, flush=True)
+
+
+def export(engine, path: str) -> None:
+    """Stream the parameters to rank 0, which writes each tensor as it arrives, into a
+    temporary file renamed into place at the end (a collective)."""
+    writer = None
+    if engine.rank == 0:
+        writer = SafetensorsWriter(path, engine.layout.named_shapes())
+
+    def write(kind: str, unit, flat) -> None:
+        for name, tensor in tensor_views(flat, unit).items():
+            writer.write(f"{unit.name}.{name}", tensor)
+
+    try:
+        engine.stream_state(["param"], write)
+    except BaseException:
+        if writer:
+            writer.abort()
+        raise
+    if writer:
+        writer.close()
+
+
+def sample_text(engine, task: Task, run) -> str | None:
+    """Text from the trained model, every rank running the forward (stage 3 gathers
+    unit by unit); rank 0's logits are broadcast so all ranks draw the same ids."""
+
+    def forward(ids: np.ndarray) -> np.ndarray:
+        out = np.ascontiguousarray(engine.forward(ids))
+        engine.comm.broadcast(out, kind="sample")
+        return out
+
+    text = task.sample(forward, run.sample_chars, run.seed)
+    return text if engine.rank == 0 else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -84,11 +84,12 @@ def init_params(model: Model, seed: int) -> dict[str, np.ndarray]:
     params = {}
     for unit in model.units:
         for spec in unit.param_specs():
-            params[full_name(unit, spec)] = _draw(spec, rng)
+            params[full_name(unit, spec)] = draw_param(spec, rng)
     return params
 
 
-def _draw(spec: ParamSpec, rng: np.random.Generator) -> np.ndarray:
+def draw_param(spec: ParamSpec, rng: np.random.Generator) -> np.ndarray:
+    """One tensor's initial values (normal draws are float64, rounded to float32)."""
     if spec.init == "zeros":
         return np.zeros(spec.shape, np.float32)
     if spec.init == "ones":

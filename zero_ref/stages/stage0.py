@@ -2,7 +2,9 @@
 
 Every rank holds the full parameters, gradients and optimizer state (the
 paper's (2 + 2 + K) Psi). After each micro-step's backward the gradients are
-all-reduced; every rank then runs the same AdamW step on the whole buffer.
+all-reduced, in chunks of bucket_numel elements so that MPI's temporaries stay
+bounded (MPICH's in-place all-reduce allocates half the buffer it is given);
+every rank then runs the same AdamW step on the whole buffer.
 
 This class also holds the loop all stages share (forward through the units,
 loss, backward in reverse, optimizer step); the stages above override only
@@ -12,20 +14,25 @@ the hooks that say where memory lives and which collectives run.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from zero_ref.adamw import adamw_kernel, adamw_scalars, with_lr
+from zero_ref.buckets import bucket_columns
 from zero_ref.comm import Comm
 from zero_ref.config import ZeroConfig
-from zero_ref.flat import FlatLayout, build_layout, tensor_views
+from zero_ref.flat import FlatLayout, UnitLayout, build_layout, tensor_views
 from zero_ref.gradnorm import clip_coefficient, global_grad_norm
+from zero_ref.init_source import InitSource, as_init_source
 from zero_ref.memory import MemoryLedger
 from zero_ref.models.unit import Model
 from zero_ref.nonfinite import NonFiniteGradientError, describe_full_index, locate_nonfinite
-from zero_ref.stages.packing import pack_full, unpack_full
+from zero_ref.stages.packing import unpack_full
+from zero_ref.stages.placement import HostPlacement
+
+StateSink = Callable[[str, UnitLayout, np.ndarray], None]  # (kind, unit, padded flat range)
 
 
 @dataclass(frozen=True)
@@ -65,7 +72,11 @@ class Stage0DataParallel:
     stage = 0
 
     def __init__(
-        self, model: Model, init_params: Mapping[str, np.ndarray], cfg: ZeroConfig, comm: Comm
+        self,
+        model: Model,
+        init_params: InitSource | Mapping[str, np.ndarray],
+        cfg: ZeroConfig,
+        comm: Comm,
     ) -> None:
         self.model, self.cfg, self.comm = model, cfg, comm
         self.world, self.rank = comm.size, comm.rank
@@ -74,27 +85,31 @@ class Stage0DataParallel:
             comm.size,
         )
         self.memory = MemoryLedger()
+        self.place = HostPlacement(self.memory)  # where every model-sized array lives
         self.step_count = 0
         _check_comm_matches(comm, cfg)
-        self._init_params(pack_full(init_params, self.layout))
+        self._init_params(as_init_source(init_params, model))
         self._init_grads()
         self._init_optimizer()
 
     # ---- where model state lives (stage 0: everything full)
-    def _init_params(self, full: np.ndarray) -> None:
-        self.full_params = self.memory.hold("params", "full_params", full)
+    def _init_params(self, source: InitSource) -> None:
+        """The full parameters, filled unit by unit from the source."""
+        self.full_params = self.place.zeros("params", "full_params", self.layout.full_numel)
+        for unit in self.layout.units:
+            source.fill_unit(unit, self.full_params[unit.full_slice()], 0, unit.padded_numel)
 
     def _init_grads(self) -> None:
         n = self.layout.full_numel
-        self.full_grads = self.memory.hold("grads", "full_grads", np.zeros(n, np.float32))
+        self.full_grads = self.place.zeros("grads", "full_grads", n)
         self.grad_acc = self.full_grads
         if self.cfg.grad_accum > 1:
-            self.grad_acc = self.memory.hold("grads", "full_grad_acc", np.zeros(n, np.float32))
+            self.grad_acc = self.place.zeros("grads", "full_grad_acc", n)
 
     def _init_optimizer(self) -> None:
         n = self._optimizer_numel()
-        self.exp_avg = self.memory.hold("optimizer", "exp_avg", np.zeros(n, np.float32))
-        self.exp_avg_sq = self.memory.hold("optimizer", "exp_avg_sq", np.zeros(n, np.float32))
+        self.exp_avg = self.place.zeros("optimizer", "exp_avg", n)
+        self.exp_avg_sq = self.place.zeros("optimizer", "exp_avg_sq", n)
 
     def _optimizer_numel(self) -> int:
         return self.layout.full_numel
@@ -115,7 +130,9 @@ class Stage0DataParallel:
         """Stage 2 reduce-scatters full buckets here."""
 
     def on_backward_done(self, micro: int) -> None:
-        self.comm.allreduce_sum(self.full_grads)
+        chunk = bucket_columns(self.cfg.bucket_numel, self.world) * self.world
+        for start in range(0, self.layout.full_numel, chunk):
+            self.comm.allreduce_sum(self.full_grads[start : start + chunk])
         if self.grad_acc is not self.full_grads:
             accumulate(self.grad_acc, self.full_grads, first=micro == 0)
 
@@ -205,10 +222,52 @@ class Stage0DataParallel:
             f" at step {self.step_count + 1}"
         )
 
-    # ---- reading the result
+    # ---- using and reading the result
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """The model's output for x, unit by unit as training computes it (a collective
+        at stage 3, which gathers each unit: every rank must call it with the same x)."""
+        for i, unit in enumerate(self.model.units):
+            x, _ = unit.forward(self.unit_params(i), x)
+            self.release_unit_params(i)
+        return x
+
     def full_parameters(self) -> dict[str, np.ndarray]:
         """Every parameter, consolidated (a collective at stage 3; copies)."""
         return unpack_full(self.full_params, self.layout)
+
+    def stream_state(self, kinds: Sequence[str], sink: StateSink) -> None:
+        """Hand rank 0 each unit's padded range of each state buffer in `kinds`
+        ("param", "exp_avg", "exp_avg_sq"), unit after unit: sink(kind, unit, flat)
+        runs on rank 0 alone. A collective; no rank ever holds a full-size copy
+        (a buffer this rank keeps whole is lent as a view, a sharded one is
+        gathered one unit at a time into a landing buffer on rank 0 only)."""
+        self.comm.set_context(where="consolidate")
+        landing = None
+        if self.rank == 0:
+            widest = max((u.padded_numel for u in self.layout.units), default=0)
+            landing = self.memory.hold("buffers", "landing", np.empty(widest, np.float32))
+        for unit in self.layout.units:
+            for kind in kinds:
+                flat = self._unit_on_root(kind, unit, landing)
+                if self.rank == 0:
+                    sink(kind, unit, flat)
+        if self.rank == 0:
+            self.memory.drop("buffers", "landing")
+
+    def _unit_on_root(self, kind: str, unit: UnitLayout, landing: np.ndarray | None):
+        """Rank 0's copy of one unit of one state buffer (None on the other ranks)."""
+        whole, shard = self._state_buffers(kind)
+        if whole is not None:
+            return whole[unit.full_slice()]
+        flat = None if landing is None else landing[: unit.padded_numel]
+        if unit.padded_numel:
+            self.comm.gather_to_root(shard[unit.shard_slice()], flat, "consolidate")
+        return flat
+
+    def _state_buffers(self, kind: str) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """(the full buffer if this rank keeps it whole, else None; its shard buffer)."""
+        whole = {"param": self.full_params, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
+        return whole[kind], None
 
     def full_optimizer_state(self) -> dict[str, dict[str, np.ndarray]]:
         """AdamW's exp_avg (m) and exp_avg_sq (v) of every parameter, by name

@@ -1,10 +1,11 @@
 """Stage 1 (P_os): the optimizer state is partitioned.
 
 Adds to stage 0: each rank keeps AdamW's m and v only for its slice of every
-unit, so optimizer memory drops from 8 Psi to 8 Psi / Nd bytes. Gradients are
-reduce-scattered (each rank receives the sum for its slice only), the rank
-updates its slice of the parameters, and an all-gather brings every rank the
-updated full parameters. Backward still writes a full-size gradient buffer.
+unit, so optimizer memory drops from 8 Psi to 8 Psi / Nd bytes. After backward
+the gradients are reduce-scattered in buckets (zero_ref/stages/grad_buckets.py;
+each rank receives the sum for its slice only), the rank updates its slice of
+the parameters, and an all-gather brings every rank the updated full
+parameters. Backward still writes a full-size gradient buffer.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 
 from zero_ref.comm import Comm
 from zero_ref.flat import rank_rows
+from zero_ref.stages.grad_buckets import GradientBuckets
 from zero_ref.stages.stage0 import Stage0DataParallel
 
 
@@ -22,36 +24,24 @@ class Stage1OptimizerSharded(Stage0DataParallel):
     stage = 1
 
     def _init_grads(self) -> None:
-        full, shard = self.layout.full_numel, self.layout.shard_numel
-        self.full_grads = self.memory.hold("grads", "full_grads", np.zeros(full, np.float32))
-        self.shard_grads = self.memory.hold("grads", "shard_grads", np.zeros(shard, np.float32))
-        self._init_reduce_out(max((u.shard_numel for u in self.layout.units), default=0))
+        self.full_grads = self.place.zeros("grads", "full_grads", self.layout.full_numel)
+        self._init_buckets()
 
-    def _init_reduce_out(self, numel: int) -> None:
-        """Landing space for micro-steps after the first, which must add, not overwrite."""
-        self.reduce_out = None
-        if self.cfg.grad_accum > 1:
-            self.reduce_out = self.memory.hold("buffers", "reduce_out", np.zeros(numel, np.float32))
+    def _init_buckets(self) -> None:
+        """This rank's reduced gradient slice, and the buckets that fill it."""
+        self.shard_grads = self.place.zeros("grads", "shard_grads", self.layout.shard_numel)
+        cfg = self.cfg
+        self.buckets = GradientBuckets(
+            self.layout, cfg.bucket_numel, cfg.grad_accum, self.comm, self.place, self.shard_grads
+        )
 
     def _optimizer_numel(self) -> int:
         return self.layout.shard_numel
 
     def on_backward_done(self, micro: int) -> None:
-        for unit in self.layout.units:
-            self.reduce_into_shard(self.full_grads[unit.full_slice()], unit.shard_offset, micro)
-
-    def reduce_into_shard(self, send: np.ndarray, shard_offset: int, micro: int) -> None:
-        """Reduce-scatter `send` (W blocks) into shard_grads[shard_offset:], accumulating."""
-        n = send.size // self.world
-        if n == 0:
-            return
-        mine = self.shard_grads[shard_offset : shard_offset + n]
-        if micro == 0:
-            self.comm.reduce_scatter_sum(send, mine)
-        else:
-            out = self.reduce_out[:n]
-            self.comm.reduce_scatter_sum(send, out)
-            mine += out
+        """The whole gradient is ready: send every unit through the buckets, last first."""
+        for i in range(len(self.layout.units) - 1, -1, -1):
+            self.buckets.unit_ready(i, self.full_grads[self.layout.units[i].full_slice()], micro)
 
     def owned_slices(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
         owned = []
@@ -73,6 +63,11 @@ class Stage1OptimizerSharded(Stage0DataParallel):
 
     def _full_optimizer_buffer(self, buf: np.ndarray) -> np.ndarray:
         return self.gather_shard(buf)
+
+    def _state_buffers(self, kind: str) -> tuple[np.ndarray | None, np.ndarray | None]:
+        if kind == "param":
+            return self.full_params, None
+        return None, {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}[kind]
 
     def gather_shard(self, shard: np.ndarray) -> np.ndarray:
         """The padded full buffer built from every rank's shard-layout buffer, unit by
