@@ -61,7 +61,9 @@ def train(*flags: str, env: dict | None = None):
 
 def test_500_steps_of_a_correct_fast_run_never_trip_the_check(tmp_path):
     log = tmp_path / "run.jsonl"
-    job = train("--stage", "3", "--steps", "500", "--log-every", "1", "--log-jsonl", str(log))
+    tiny = ("--d-model", "16", "--context", "8", "--batch-size", "4")  # later flags win
+    steps = ("--steps", "500", "--log-every", "1", "--log-jsonl", str(log))
+    job = train("--stage", "3", *tiny, *steps)
     assert job.returncode == 0, job.stderr[-3000:]
     assert "oracle check: 500 steps" in job.stdout
     steps = [r for r in read_jsonl(log) if "step" in r]

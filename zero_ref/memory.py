@@ -17,9 +17,12 @@ Formulas (Sec. 5.1-5.3 of the paper, per rank, Psi parameters, Nd ranks):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from zero_ref.buckets import bucket_columns
 
 CATEGORIES = ("params", "grads", "optimizer", "buffers")
 
@@ -82,3 +85,22 @@ def paper_formula_bytes(stage: int, numel: int, world_size: int, k: int = 12) ->
         2: (2 + (2 + k) / nd) * psi,
         3: (2 + 2 + k) * psi / nd,
     }[stage]
+
+
+def fp32_buffer_bytes(
+    stage: int, unit_numels: Sequence[int], world_size: int, bucket_numel: int, grad_accum: int
+) -> int:
+    """Bytes of the `buffers` category: what a stage keeps besides the model states.
+
+    unit_numels are the padded unit sizes. Stages 1-3 stage the widest bucket for all
+    ranks (at most bucket_numel elements; zero_ref/buckets.py) and, with grad_accum > 1,
+    a landing row for micro-steps after the first; stages 2-3 add one unit's gradient
+    scratch, stage 3 one gathered unit. Both are as wide as the widest unit."""
+    if stage == 0:
+        return 0
+    shard_numel = sum(unit_numels) // world_size
+    columns = min(bucket_columns(bucket_numel, world_size), shard_numel)
+    staged = world_size * columns + (columns if grad_accum > 1 else 0)
+    widest = max(unit_numels, default=0)
+    per_unit = {1: 0, 2: 1, 3: 2}[stage]  # grad scratch (2-3), gathered unit (3)
+    return 4 * (staged + per_unit * widest)
