@@ -50,6 +50,7 @@ def train(parsed: Parsed, mpi_comm) -> None:
     phases = PhasePeaks()
     comm = comm_for(mpi_comm, zero)
     task, init, vocab, tokens = prepare(parsed, comm.size)
+    refuse_if_it_cannot_fit(parsed, task, comm)
     engine = make_engine(task.model, init, zero, comm)
     phases.end("init")
     progress = Progress(run, comm.rank == 0)
@@ -90,6 +91,16 @@ def train(parsed: Parsed, mpi_comm) -> None:
     if check:
         progress.always(check.describe())
     finish(parsed, engine, task, log, phases)
+
+
+def refuse_if_it_cannot_fit(parsed: Parsed, task: Task, comm) -> None:
+    """Before any allocation: each rank's estimated peak against the memory its host has
+    for it. Rank 0's reading of MemAvailable is used by all, so all decide alike."""
+    from zero_ref.estimate import check_fits, mem_available_bytes
+    from zero_ref.threads import ranks_on_this_host
+
+    available = comm.mpi.bcast(mem_available_bytes() if comm.rank == 0 else None, root=0)
+    check_fits(parsed, task.model, comm.size, ranks_on_this_host(), available)
 
 
 def warm_up_kernels() -> None:
