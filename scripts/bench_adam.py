@@ -34,8 +34,8 @@ import time
 import numba
 import numpy as np
 
-from zero_ref.adamw import adamw_kernel, adamw_reference, adamw_scalars
 from zero_ref.config import AdamWConfig
+from zero_ref.optim.adamw import adamw_kernel, adamw_reference, adamw_scalars
 
 STREAM_BYTES_PER_ELEMENT = 12  # read a, read b, write a
 ADAMW_BYTES_PER_PARAM = 28  # read p, g, m, v; write p, m, v

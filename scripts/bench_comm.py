@@ -8,7 +8,7 @@ step and each a median over the same --steps steps after --warmup steps:
   synced   the same, with a Comm that calls Barrier before each collective,
            outside the ledger's timing, so ranks enter every collective
            together; `wait` is the seconds spent in those Barriers.
-  wrapper  the same calls through zero_ref.comm.Comm (checks, lambda, ledger)
+  wrapper  the same calls through zero_ref.comm.collectives.Comm (checks, lambda, ledger)
            back to back on preallocated buffers: Barrier, Wtime, calls, Wtime.
   raw      the same calls straight to mpi4py on preallocated buffers of
            identical sizes: Barrier, Wtime, calls, Wtime.
@@ -43,10 +43,10 @@ from bench_common import (
 )
 from mpi4py import MPI
 
-from zero_ref.comm import Comm
+from zero_ref.comm.collectives import Comm
 from zero_ref.config import ZeroConfig
+from zero_ref.engine import make_engine
 from zero_ref.models.unit import init_params
-from zero_ref.stages import make_engine
 
 
 def call_plan(engine) -> list[tuple[str, int]]:
@@ -86,7 +86,7 @@ def raw_step(mpi, plan, bufs) -> None:
 
 
 def wrapper_step(comm: Comm, plan, bufs) -> None:
-    """The same step through zero_ref.comm.Comm (its checks and its ledger)."""
+    """The same step through zero_ref.comm.collectives.Comm (its checks and its ledger)."""
     for kind, numel in plan:
         full, shard = bufs[numel]
         if kind == "allreduce":

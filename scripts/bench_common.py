@@ -2,7 +2,7 @@
 per-rank medians gathered to rank 0, and the one JSON line every script ends with.
 
 Import zero_ref before NumPy in each script, so that each rank's thread budget
-is set before BLAS starts its threads (zero_ref.threads).
+is set before BLAS starts its threads (zero_ref.app.threads).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import statistics
 
 import numpy as np
 
-from zero_ref.models.replay import ReplayModel
+from zero_ref.testing.replay import ReplayModel
 
 
 def replay_model(numel: int, n_units: int) -> ReplayModel:

@@ -32,11 +32,11 @@ from bench_common import (
 )
 from mpi4py import MPI
 
-from zero_ref.comm import comm_for
+from zero_ref.comm.collectives import comm_for
 from zero_ref.config import ZeroConfig
-from zero_ref.gradnorm import sumsq_bins, sumsq_fast
+from zero_ref.engine import make_engine
 from zero_ref.models.unit import init_params
-from zero_ref.stages import make_engine
+from zero_ref.optim.gradnorm import sumsq_bins, sumsq_fast
 
 MODES = {"fast": False, "deterministic": True}
 

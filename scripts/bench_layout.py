@@ -35,7 +35,7 @@ import numpy as np
 from bench_common import emit, gather_medians, load_average
 from mpi4py import MPI
 
-from zero_ref.flat import padded_numel
+from zero_ref.layout.flat import padded_numel
 
 CALLS = (
     "allgather_padded",

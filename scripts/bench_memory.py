@@ -27,10 +27,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from zero_ref.cli import parse_args
+from zero_ref.app.cli import parse_args
+from zero_ref.engine.memory import fp32_formula_bytes, paper_formula_bytes
 from zero_ref.estimate import estimate_for, model_for
-from zero_ref.memory import fp32_formula_bytes, paper_formula_bytes
-from zero_ref.metrics_log import read_jsonl
+from zero_ref.io.metrics_log import read_jsonl
 
 PHASES = ("init", "train", "finish")
 PLOT = Path(__file__).resolve().parent.parent / "docs" / "img" / "memory_per_param.png"

@@ -55,8 +55,8 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from zero_ref.cli_flags import DEFAULTS, MODEL_DEFAULTS  # noqa: E402
-from zero_ref.data import default_text, encode_corpus, sequence_batches  # noqa: E402
+from zero_ref.app.cli_flags import DEFAULTS, MODEL_DEFAULTS  # noqa: E402
+from zero_ref.app.data import default_text, encode_corpus, sequence_batches  # noqa: E402
 from zero_ref.models.gpt import GPT, GPTConfig, param_numel  # noqa: E402
 from zero_ref.models.unit import init_params, loss_and_grads  # noqa: E402
 

@@ -19,7 +19,7 @@ import json
 import numpy as np
 from mpi4py import MPI
 
-from zero_ref.process_memory import reset_peak, resident_bytes
+from zero_ref.app.process_memory import reset_peak, resident_bytes
 
 
 def grown(call) -> int:

@@ -20,8 +20,8 @@ import json
 import numpy as np
 import torch
 
-from zero_ref.adamw import adamw_reference, adamw_scalars
 from zero_ref.config import AdamWConfig
+from zero_ref.optim.adamw import adamw_reference, adamw_scalars
 
 LRS = (1e-3, 3e-2)
 BETAS = ((0.9, 0.999), (0.5, 0.9), (0.3, 0.99), (0.0, 0.9))

@@ -2,8 +2,8 @@
 
     python tests/atomic_fault_writer.py file|log PATH
 
-`file` writes PATH through zero_ref.atomic.atomic_write, `log` through the
-metrics log (zero_ref.metrics_log.JsonlLog), one 64 KiB chunk (or line) at a
+`file` writes PATH through zero_ref.io.atomic.atomic_write, `log` through the
+metrics log (zero_ref.io.metrics_log.JsonlLog), one 64 KiB chunk (or line) at a
 time, printing "chunk N" after each so the test knows the file is half written
 when it kills us.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 import sys
 import time
 
-from zero_ref.atomic import atomic_write
-from zero_ref.metrics_log import JsonlLog
+from zero_ref.io.atomic import atomic_write
+from zero_ref.io.metrics_log import JsonlLog
 
 CHUNKS, CHUNK_BYTES = 1000, 1 << 16
 

@@ -1,4 +1,4 @@
-"""Checks zero_ref.comm.Comm on several real ranks; run by tests/test_comm.py as
+"""Checks zero_ref.comm.collectives.Comm on several real ranks; run by tests/test_comm.py as
 
     mpirun -n 3 python tests/mpi_comm_check.py
 
@@ -15,7 +15,7 @@ import traceback
 import numpy as np
 from mpi4py import MPI
 
-from zero_ref.comm import Comm, MPIReduction, OrderedReduction
+from zero_ref.comm.collectives import Comm, MPIReduction, OrderedReduction
 
 BLOCKS = [0, 1, 7, 13, 1009]
 EPS32 = float(np.finfo(np.float32).eps)

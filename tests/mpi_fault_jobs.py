@@ -15,14 +15,14 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from zero_ref.comm import comm_for
+from zero_ref.app.failure import FailureGuard
+from zero_ref.comm.collectives import comm_for
 from zero_ref.config import ZeroConfig
-from zero_ref.failure import FailureGuard
-from zero_ref.faults import Fault, arm
-from zero_ref.models.replay import ReplayModel
+from zero_ref.engine import make_engine
 from zero_ref.models.unit import init_params
-from zero_ref.nonfinite import NonFiniteGradientError
-from zero_ref.stages import make_engine
+from zero_ref.optim.nonfinite import NonFiniteGradientError
+from zero_ref.testing.faults import Fault, arm
+from zero_ref.testing.replay import ReplayModel
 
 # Awkward sizes: a 0-d tensor, a zero-size one, primes; the last unit's first
 # tensor (where the fault writes) has 3 x 5 elements, so its name is "out.w".

@@ -15,12 +15,12 @@ import tracemalloc
 import numpy as np
 from mpi4py import MPI
 
-from zero_ref.comm import comm_for
+from zero_ref.comm.collectives import comm_for
 from zero_ref.config import ZeroConfig
-from zero_ref.init_source import RandomInit
-from zero_ref.memory import fp32_buffer_bytes
+from zero_ref.engine import make_engine
+from zero_ref.engine.init_source import RandomInit
+from zero_ref.engine.memory import fp32_buffer_bytes
 from zero_ref.models.gpt import GPT, GPTConfig
-from zero_ref.stages import make_engine
 
 LEDGER_TOLERANCE = 0.03  # Python objects (layout, plans, the comm ledger) are the rest
 K, BATCH, CONTEXT = 2, 2, 16

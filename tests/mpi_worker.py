@@ -19,13 +19,13 @@ import traceback
 import numpy as np
 from mpi4py import MPI
 
-from zero_ref.comm import comm_for
+from zero_ref.comm.collectives import comm_for
 from zero_ref.config import AdamWConfig, ZeroConfig
-from zero_ref.memory import fp32_formula_bytes
-from zero_ref.models.replay import ReplayModel
+from zero_ref.engine import make_engine
+from zero_ref.engine.memory import fp32_formula_bytes
 from zero_ref.models.unit import init_params
 from zero_ref.oracle import Oracle
-from zero_ref.stages import make_engine
+from zero_ref.testing.replay import ReplayModel
 
 
 def build_model(case: dict):
@@ -37,7 +37,7 @@ def build_model(case: dict):
             return model.contexts(case["seed"], step, k, w), np.zeros((k, w))
 
         return model, batches
-    from zero_ref.data import encode_corpus, micro_batches, sequence_batches
+    from zero_ref.app.data import encode_corpus, micro_batches, sequence_batches
     from zero_ref.models.gpt import GPT, GPTConfig
     from zero_ref.models.mlp import CharMLP, MLPConfig
 

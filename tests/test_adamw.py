@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from zero_ref.adamw import AdamWScalars, adamw_kernel, adamw_reference, adamw_scalars, with_lr
 from zero_ref.config import AdamWConfig
+from zero_ref.optim.adamw import AdamWScalars, adamw_kernel, adamw_reference, adamw_scalars, with_lr
 
 SIZES = [0, 1, 7, 13, 1009, 100003]
 CONFIGS = [

@@ -1,4 +1,4 @@
-"""Stage 1-3 engines reduce gradients in the buckets zero_ref/buckets.py plans:
+"""Stage 1-3 engines reduce gradients in the buckets zero_ref/layout/buckets.py plans:
 one reduce-scatter per bucket per micro-step, and staging for the widest bucket
 only, never more than bucket_numel elements (a stage given one model-sized
 bucket keeps a full-size gradient buffer, which is what stage 2 exists to avoid).
@@ -15,17 +15,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zero_ref.buckets import plan_buckets
-from zero_ref.comm import comm_for
+from zero_ref.comm.collectives import comm_for
 from zero_ref.config import ZeroConfig
-from zero_ref.models.replay import ReplayModel
+from zero_ref.engine import make_engine
+from zero_ref.layout.buckets import plan_buckets
 from zero_ref.models.unit import init_params
-from zero_ref.stages import make_engine
+from zero_ref.testing.replay import ReplayModel
 
 
 def expected_bucket_plan(padded: list[int], bucket_numel: int, world: int) -> list[list[int]]:
     """[first unit, last unit, shard numel] of each bucket, in backward order, by the
-    rule of zero_ref/buckets.py: the shard space (every unit's padded_numel / world
+    rule of zero_ref/layout/buckets.py: the shard space (every unit's padded_numel / world
     columns, unit after unit) is cut into windows of max(1, bucket_numel // world)
     columns from the top down; a bucket names the lowest and highest unit with
     columns inside it; the last (lowest) window takes what is left."""

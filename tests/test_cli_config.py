@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from zero_ref.cli import UsageError, parse_args, resolve_batch
-from zero_ref.ds_config import ConfigError, parse_config
-from zero_ref.lr_schedule import LRSchedule
+from zero_ref.app.cli import UsageError, parse_args, resolve_batch
+from zero_ref.app.ds_config import ConfigError, parse_config
+from zero_ref.optim.lr_schedule import LRSchedule
 
 FULL = {
     "train_batch_size": 48,

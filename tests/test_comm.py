@@ -1,4 +1,4 @@
-"""zero_ref.comm.Comm: every collective, both reduction policies, the ledger and
+"""zero_ref.comm.collectives.Comm: every collective, both reduction policies, the ledger and
 the buffer checks, on COMM_SELF and on a private copy of COMM_WORLD (these
 pass at any world size), then the same on three real ranks under mpirun."""
 
@@ -11,12 +11,12 @@ import pytest
 from mpi4py import MPI
 
 from tests.mpi_pool import REPO, mpi_env, mpirun_command
-from zero_ref.comm import Comm, Handle, MPIReduction, OrderedReduction, comm_for
-from zero_ref.comm_ledger import CommLedger
+from zero_ref.comm.collectives import Comm, Handle, MPIReduction, OrderedReduction, comm_for
+from zero_ref.comm.ledger import CommLedger
 from zero_ref.config import ZeroConfig
-from zero_ref.models.replay import ReplayModel
+from zero_ref.engine import make_engine
 from zero_ref.models.unit import init_params
-from zero_ref.stages import make_engine
+from zero_ref.testing.replay import ReplayModel
 
 BLOCKS = [0, 1, 7, 13]
 EPS32 = float(np.finfo(np.float32).eps)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from zero_ref.data import (
+from zero_ref.app.data import (
     CharVocab,
     default_text,
     encode_corpus,
@@ -179,7 +179,7 @@ def test_tokens_must_be_1d_ints():
 def test_unigram_entropy():
     import math
 
-    from zero_ref.data import unigram_entropy
+    from zero_ref.app.data import unigram_entropy
 
     assert unigram_entropy(np.array([0, 1, 0, 1], np.int32)) == pytest.approx(math.log(2))
     assert unigram_entropy(np.array([3, 3, 3], np.int32)) == 0.0

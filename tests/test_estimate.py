@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from zero_ref.cli import UsageError, parse_args
-from zero_ref.comm import comm_for
+from zero_ref.app.cli import UsageError, parse_args
+from zero_ref.comm.collectives import comm_for
 from zero_ref.config import ZeroConfig
+from zero_ref.engine import make_engine
+from zero_ref.engine.init_source import RandomInit
 from zero_ref.estimate import (
     activation_bytes,
     check_fits,
@@ -21,10 +23,8 @@ from zero_ref.estimate import (
     mem_available_bytes,
     model_for,
 )
-from zero_ref.init_source import RandomInit
 from zero_ref.models.gpt import GPT, GPTConfig
 from zero_ref.models.mlp import CharMLP, MLPConfig
-from zero_ref.stages import make_engine
 
 GIB = 2**30
 # Widths chosen so that units need padding at 3 ranks and at 4.

@@ -1,6 +1,6 @@
 """Failure handling across ranks (issue 4): no hangs, clear errors, nothing lost.
 
-Faults are injected with ZERO_REF_INJECT_FAULT (zero_ref/faults.py) into real
+Faults are injected with ZERO_REF_INJECT_FAULT (zero_ref/testing/faults.py) into real
 `mpirun -n 4` jobs. Times to exit are measured from the moment the fault fired
 (the fault logs a unix time), not from mpirun's start: start-up alone can take
 seconds on a loaded machine. No limit here is a tight timer: a job fails for
@@ -27,15 +27,15 @@ import numpy as np
 import pytest
 
 from tests.mpi_pool import REPO, mpi_env, mpirun_command, run_watched
-from zero_ref.data import encode_corpus
-from zero_ref.failure import CollectiveError, FailureGuard, step_started
-from zero_ref.faults import FAULT_LOG_ENV, Fault
-from zero_ref.flat import build_layout, rank_rows
-from zero_ref.metrics_log import read_jsonl
+from zero_ref.app.data import encode_corpus
+from zero_ref.app.failure import CollectiveError, FailureGuard, step_started
+from zero_ref.comm.schedule import ScheduleMismatchError, check_agreement, signature
+from zero_ref.io.metrics_log import read_jsonl
+from zero_ref.layout.flat import build_layout, rank_rows
 from zero_ref.models.mlp import CharMLP, MLPConfig
 from zero_ref.models.unit import init_params
-from zero_ref.nonfinite import describe_full_index, first_nonfinite, owned_to_full_index
-from zero_ref.schedule import ScheduleMismatchError, check_agreement, signature
+from zero_ref.optim.nonfinite import describe_full_index, first_nonfinite, owned_to_full_index
+from zero_ref.testing.faults import FAULT_LOG_ENV, Fault
 
 WORLD = 4
 # A job that hangs never ends; an abort ends it about a second after the fault on

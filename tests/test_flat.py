@@ -1,4 +1,4 @@
-"""Layout math (zero_ref.flat) and bucket plans (zero_ref.buckets): pure integers.
+"""Layout math (zero_ref.layout.flat) and bucket plans (zero_ref.layout.buckets): pure integers.
 
 Every element of every unit is owned by exactly one rank, views are views (not
 copies), offsets leave no gaps, and buckets cover the units exactly once in
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zero_ref.buckets import plan_buckets
-from zero_ref.flat import (
+from zero_ref.layout.buckets import plan_buckets
+from zero_ref.layout.flat import (
     FlatLayout,
     build_layout,
     padded_numel,

@@ -19,7 +19,6 @@ from zero_ref.models.gpt import (
     generate,
     param_numel,
 )
-from zero_ref.models.gradcheck import check_unit_backward, unit_params64
 from zero_ref.models.layers import (
     gelu_backward,
     gelu_forward,
@@ -41,6 +40,7 @@ from zero_ref.models.unit import (
     loss_and_grads,
     unit_params_view,
 )
+from zero_ref.testing.gradcheck import check_unit_backward, unit_params64
 
 TINY = GPTConfig(vocab_size=11, context=4, n_layer=2, n_head=2, d_model=8)
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zero_ref.comm import Comm
-from zero_ref.gradnorm import (
+from zero_ref.comm.collectives import Comm
+from zero_ref.optim.gradnorm import (
     BIN_SHAPE,
     bins_to_float,
     clip_coefficient,

@@ -9,14 +9,14 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from zero_ref.comm import comm_for
+from zero_ref.comm.collectives import comm_for
 from zero_ref.config import ZeroConfig
-from zero_ref.flat import build_layout
-from zero_ref.init_source import FileInit, NamedInit, RandomInit
+from zero_ref.engine import make_engine
+from zero_ref.engine.init_source import FileInit, NamedInit, RandomInit
+from zero_ref.io.tensor_io import save_safetensors
+from zero_ref.layout.flat import build_layout
 from zero_ref.models.gpt import GPT, GPTConfig
 from zero_ref.models.unit import init_params
-from zero_ref.stages import make_engine
-from zero_ref.tensor_io import save_safetensors
 
 WORLD = 4
 

@@ -5,7 +5,7 @@ tracemalloc on 4 ranks at every stage (tests/mpi_ledger_check.py), and the
 from __future__ import annotations
 
 from tests.mpi_pool import REPO, mpirun_command, run_watched
-from zero_ref.memory import fp32_buffer_bytes
+from zero_ref.engine.memory import fp32_buffer_bytes
 
 
 def test_ledger_matches_tracemalloc_on_four_ranks():

@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from zero_ref.atomic import atomic_write, atomic_write_bytes
-from zero_ref.cli import parse_args
-from zero_ref.comm import Comm
-from zero_ref.comm_ledger import paper_sent_bytes
+from zero_ref.app.cli import parse_args
+from zero_ref.comm.collectives import Comm
+from zero_ref.comm.ledger import paper_sent_bytes
 from zero_ref.config import ZeroConfig
-from zero_ref.memory import CATEGORIES, MemoryLedger, fp32_formula_bytes, paper_formula_bytes
-from zero_ref.models.replay import ReplayModel
+from zero_ref.engine import make_engine
+from zero_ref.engine.memory import CATEGORIES, MemoryLedger, fp32_formula_bytes, paper_formula_bytes
+from zero_ref.io.atomic import atomic_write, atomic_write_bytes
+from zero_ref.io.tensor_io import load_named, save_safetensors
 from zero_ref.models.unit import init_params
-from zero_ref.stages import make_engine
-from zero_ref.tensor_io import load_named, save_safetensors
+from zero_ref.testing.replay import ReplayModel
 
 # ---- MemoryLedger
 
@@ -102,7 +102,7 @@ def test_engine_on_one_rank_holds_the_formula(stage, k):
     assert {c: held[c] for c in formula} == formula
 
 
-# ---- the checks on initial parameters (zero_ref.stages.packing)
+# ---- the checks on initial parameters (zero_ref.engine.packing)
 
 UNITS = [("embed", [("table", (5, 3))]), ("out", [("weight", (3, 5)), ("bias", (5,))])]
 

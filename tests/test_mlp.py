@@ -9,11 +9,11 @@ import time
 import numpy as np
 import pytest
 
-from zero_ref.data import encode_corpus, micro_batches
+from zero_ref.app.data import encode_corpus, micro_batches
 from zero_ref.models import layers
-from zero_ref.models.gradcheck import check_unit_backward, unit_params64
 from zero_ref.models.mlp import CharMLP, Embedding, Hidden, MLPConfig, Output
 from zero_ref.models.unit import full_name, init_params, named_shapes
+from zero_ref.testing.gradcheck import check_unit_backward, unit_params64
 
 TINY = MLPConfig(vocab_size=7, context=3, d_embed=4, d_hidden=5)
 

@@ -9,12 +9,12 @@ import math
 import numpy as np
 import pytest
 
-from zero_ref.adamw import adamw_reference, adamw_scalars
 from zero_ref.config import AdamWConfig
-from zero_ref.gradnorm import clip_coefficient, sumsq_exact_reference
-from zero_ref.models.replay import ReplayModel
 from zero_ref.models.unit import init_params
+from zero_ref.optim.adamw import adamw_reference, adamw_scalars
+from zero_ref.optim.gradnorm import clip_coefficient, sumsq_exact_reference
 from zero_ref.oracle import Oracle
+from zero_ref.testing.replay import ReplayModel
 
 SHAPES = {"a.w": (3, 4), "a.b": (4,), "b.s": (), "b.e": (0, 2), "c.v": (7,)}
 OPT = AdamWConfig(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)

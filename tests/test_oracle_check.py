@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from tests.mpi_pool import mpi_env, mpirun_command, run_watched
-from zero_ref.comm_ledger import expected_sent_bytes
+from zero_ref.comm.ledger import expected_sent_bytes
 from zero_ref.config import AdamWConfig
-from zero_ref.metrics_log import read_jsonl
+from zero_ref.io.metrics_log import read_jsonl
 from zero_ref.oracle import Oracle
 from zero_ref.oracle_bound import worst_violation
 from zero_ref.testing.oracle_race import BUGS, race

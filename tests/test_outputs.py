@@ -9,9 +9,9 @@ import os
 import pytest
 
 from tests.mpi_pool import mpi_env, mpirun_command, run_watched
-from zero_ref.cli import UsageError, parse_args
-from zero_ref.metrics_log import JsonlLog, read_jsonl
-from zero_ref.output_paths import check_output_paths, remove_stale_temporaries
+from zero_ref.app.cli import UsageError, parse_args
+from zero_ref.app.output_paths import check_output_paths, remove_stale_temporaries
+from zero_ref.io.metrics_log import JsonlLog, read_jsonl
 
 MLP = ("--model", "mlp", "--steps", "6", "--batch-size", "8", "--sample-chars", "0")
 

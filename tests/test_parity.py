@@ -4,7 +4,7 @@ tolerance in fast mode (docs/determinism.md), with a learning rate that changes
 from step to step as a schedule's does, and the loss each step reports is the
 oracle's. Each rank must also hold only its share: the measured memory ledger
 equals the formula for its stage, and stages 2-3 reduce gradients in the
-buckets that the rule of zero_ref/buckets.py plans, no more and no larger.
+buckets that the rule of zero_ref/layout/buckets.py plans, no more and no larger.
 
 Each hypothesis test starts with pinned @examples (each stage, k > 1, clipping,
 tiny and zero-size tensors, several world sizes), so that a broken stage fails
@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.test_buckets import expected_bucket_plan
-from zero_ref.comm_ledger import expected_sent_bytes
-from zero_ref.flat import padded_numel
+from zero_ref.comm.ledger import expected_sent_bytes
+from zero_ref.layout.flat import padded_numel
 
 TEXT = "the quick brown fox jumps over the lazy dog; pack my box with five dozen jugs. " * 4
 

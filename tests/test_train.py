@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests.mpi_pool import REPO, Finished, mpirun_command, run_watched
-from zero_ref.tensor_io import load_named
+from zero_ref.io.tensor_io import load_named
 
 TEXT = (
     "It is a truth universally acknowledged, that a single man in possession of a good "

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 STAGES = (0, 1, 2, 3)
-NONFINITE_POLICIES = ("raise", "skip")  # see zero_ref/nonfinite.py
+NONFINITE_POLICIES = ("raise", "skip")  # see zero_ref/optim/nonfinite.py
 
 
 def _require(ok: bool, name: str, value: object, allowed: str) -> None:

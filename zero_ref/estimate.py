@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from zero_ref.buckets import plan_buckets
-from zero_ref.cli import Parsed, UsageError, parse_args
-from zero_ref.flat import FlatLayout, build_layout
+from zero_ref.app.cli import Parsed, UsageError, parse_args
+from zero_ref.layout.buckets import plan_buckets
+from zero_ref.layout.flat import FlatLayout, build_layout
 from zero_ref.models.gpt import GPT
 from zero_ref.models.mlp import CharMLP
 from zero_ref.models.unit import Model
@@ -79,7 +79,7 @@ def widest_unit_bytes(layout: FlatLayout) -> int:
 def state_bytes(
     layout: FlatLayout, stage: int, bucket_numel: int, grad_accum: int
 ) -> dict[str, int]:
-    """Bytes by ledger category that a rank of `stage` allocates (zero_ref/stages/)."""
+    """Bytes by ledger category that a rank of `stage` allocates (zero_ref/engine/)."""
     full, shard = F32 * layout.full_numel, F32 * layout.shard_numel
     widest_unit = widest_unit_bytes(layout)
     grads = {0: full * (2 if grad_accum > 1 else 1), 1: full + shard, 2: shard, 3: shard}[stage]
@@ -266,8 +266,8 @@ def _remedies(parsed: Parsed, model: Model, est: RankEstimate) -> list[str]:
 
 def model_for(parsed: Parsed, world: int) -> Model:
     """The model these flags train (the corpus fixes its vocabulary); no parameters."""
-    from zero_ref.data import encode_corpus, load_text
-    from zero_ref.tasks import build_task
+    from zero_ref.app.data import encode_corpus, load_text
+    from zero_ref.app.tasks import build_task
 
     vocab, tokens = encode_corpus(load_text(parsed.run.data))
     return build_task(parsed.run, vocab, tokens, world, parsed.zero.grad_accum).model

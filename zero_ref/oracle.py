@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zero_ref.adamw import AdamWScalars, adamw_reference, adamw_scalars, with_lr
+from zero_ref.comm.rank_order import sum_in_rank_order
 from zero_ref.config import AdamWConfig
-from zero_ref.gradnorm import clip_coefficient, sumsq_exact_reference
 from zero_ref.models.unit import Model, loss_and_grads
-from zero_ref.rank_order import sum_in_rank_order
+from zero_ref.optim.adamw import AdamWScalars, adamw_reference, adamw_scalars, with_lr
+from zero_ref.optim.gradnorm import clip_coefficient, sumsq_exact_reference
 
 NamedArrays = Mapping[str, np.ndarray]
 

@@ -11,26 +11,26 @@ from collections.abc import Sequence
 import numpy as np
 
 from zero_ref import __version__
-from zero_ref.cli import Parsed, UsageError, parse_args
-from zero_ref.comm_ledger import expected_sent_bytes, paper_sent_bytes
-from zero_ref.data import encode_corpus, load_text, unigram_entropy
-from zero_ref.failure import step_started
-from zero_ref.flat import tensor_views
-from zero_ref.init_source import FileInit, InitSource, RandomInit
-from zero_ref.memory import fp32_formula_bytes
-from zero_ref.metrics_log import JsonlLog
-from zero_ref.output_paths import check_output_paths, output_paths, remove_stale_temporaries
-from zero_ref.process_memory import PhasePeaks
-from zero_ref.progress import Progress
-from zero_ref.report import comm_table, memory_table, rank_report, rss_table
-from zero_ref.tasks import Task, build_task, describe_params
-from zero_ref.tensor_io import SafetensorsWriter
+from zero_ref.app.cli import Parsed, UsageError, parse_args
+from zero_ref.app.data import encode_corpus, load_text, unigram_entropy
+from zero_ref.app.failure import step_started
+from zero_ref.app.output_paths import check_output_paths, output_paths, remove_stale_temporaries
+from zero_ref.app.process_memory import PhasePeaks
+from zero_ref.app.progress import Progress
+from zero_ref.app.report import comm_table, memory_table, rank_report, rss_table
+from zero_ref.app.tasks import Task, build_task, describe_params
+from zero_ref.comm.ledger import expected_sent_bytes, paper_sent_bytes
+from zero_ref.engine.init_source import FileInit, InitSource, RandomInit
+from zero_ref.engine.memory import fp32_formula_bytes
+from zero_ref.io.metrics_log import JsonlLog
+from zero_ref.io.tensor_io import SafetensorsWriter
+from zero_ref.layout.flat import tensor_views
 
 
 def prepare(parsed: Parsed, world: int) -> tuple[Task, InitSource, object, np.ndarray]:
     """Corpus, task and where the initial parameters come from: all checks before the
     first collective. No parameter is drawn or read yet: each rank will take only its
-    own share (zero_ref/init_source.py)."""
+    own share (zero_ref/engine/init_source.py)."""
     run, zero = parsed.run, parsed.zero
     check_output_paths(run)  # before any work: a bad --export must not cost a run
     vocab, tokens = encode_corpus(load_text(run.data))
@@ -41,9 +41,9 @@ def prepare(parsed: Parsed, world: int) -> tuple[Task, InitSource, object, np.nd
 
 
 def train(parsed: Parsed, mpi_comm) -> None:
-    from zero_ref.comm import comm_for
-    from zero_ref.oracle_check import OracleCheck
-    from zero_ref.stages import make_engine
+    from zero_ref.app.oracle_check import OracleCheck
+    from zero_ref.comm.collectives import comm_for
+    from zero_ref.engine import make_engine
 
     run, zero = parsed.run, parsed.zero
     warm_up_kernels()  # their compilation is part of the baseline, not of ZeRO's memory
@@ -96,8 +96,8 @@ def train(parsed: Parsed, mpi_comm) -> None:
 def refuse_if_it_cannot_fit(parsed: Parsed, task: Task, comm) -> None:
     """Before any allocation: each rank's estimated peak against the memory its host has
     for it. Rank 0's reading of MemAvailable is used by all, so all decide alike."""
+    from zero_ref.app.threads import ranks_on_this_host
     from zero_ref.estimate import check_fits, mem_available_bytes
-    from zero_ref.threads import ranks_on_this_host
 
     available = comm.mpi.bcast(mem_available_bytes() if comm.rank == 0 else None, root=0)
     check_fits(parsed, task.model, comm.size, ranks_on_this_host(), available)
@@ -106,9 +106,9 @@ def refuse_if_it_cannot_fit(parsed: Parsed, task: Task, comm) -> None:
 def warm_up_kernels() -> None:
     """Load (or compile) the Numba kernels, and let BLAS allocate its work buffers,
     now: what libraries set up once belongs to the baseline, not to ZeRO."""
-    from zero_ref.adamw import adamw_kernel, adamw_scalars
     from zero_ref.config import AdamWConfig
-    from zero_ref.gradnorm import sumsq_bins, sumsq_fast
+    from zero_ref.optim.adamw import adamw_kernel, adamw_scalars
+    from zero_ref.optim.gradnorm import sumsq_bins, sumsq_fast
 
     x = np.zeros(1, np.float32)
     adamw_kernel(x, x.copy(), x.copy(), x.copy(), adamw_scalars(AdamWConfig(), 1))
@@ -204,7 +204,7 @@ def sample_text(engine, task: Task, run) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     from mpi4py import MPI
 
-    from zero_ref.failure import FailureGuard
+    from zero_ref.app.failure import FailureGuard
 
     world = MPI.COMM_WORLD
     # Bad input on every rank: one message from rank 0, exit 2. Any other failure,

@@ -1,0 +1,59 @@
+"""What the process really holds: resident memory from /proc/self/status (Linux).
+
+The memory ledger (zero_ref/engine/memory.py) counts the arrays the engine registers;
+this module reads what the kernel says the process holds, so the report can put
+the two side by side and call the difference "untracked" (activations, MPI's
+own buffers, Python objects). VmHWM is the peak resident set since the process
+started, or since the last reset: writing "5" to /proc/self/clear_refs resets
+it (Linux 4.0+), which lets a run measure the peak of each phase -- init,
+training, finish -- on its own.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+STATUS = Path("/proc/self/status")
+CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def resident_bytes() -> dict[str, int]:
+    """{"rss": current, "peak": high-water mark} in bytes; {} where /proc is missing."""
+    try:
+        text = STATUS.read_text()
+    except OSError:
+        return {}
+    found = {k: re.search(rf"^{k}:\s+(\d+) kB", text, re.M) for k in ("VmRSS", "VmHWM")}
+    if not all(found.values()):
+        return {}
+    return {"rss": int(found["VmRSS"][1]) * 1024, "peak": int(found["VmHWM"][1]) * 1024}
+
+
+def reset_peak() -> bool:
+    """Start a new high-water mark at the current resident size; False if unsupported."""
+    try:
+        CLEAR_REFS.write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+class PhasePeaks:
+    """Peak resident bytes per phase of a run, above the baseline taken at creation
+    (after imports and the kernels' compilation, so those are not charged to ZeRO)."""
+
+    def __init__(self) -> None:
+        self.baseline = resident_bytes().get("rss", 0)
+        self.peaks: dict[str, int] = {}
+        self.resettable = reset_peak()
+
+    def end(self, phase: str) -> None:
+        """Record the peak since the last phase ended, and start the next one."""
+        peak = resident_bytes().get("peak", 0)
+        self.peaks[phase] = max(0, peak - self.baseline)
+        if self.resettable:
+            reset_peak()
+
+    def overall(self) -> int:
+        return max(self.peaks.values(), default=0)

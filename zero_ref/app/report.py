@@ -1,0 +1,97 @@
+"""End-of-run tables: what each rank really held and sent, beside the formulas."""
+
+from __future__ import annotations
+
+from zero_ref.app.process_memory import PhasePeaks
+from zero_ref.comm.ledger import CommLedger, expected_sent_bytes, paper_sent_bytes
+from zero_ref.engine.memory import CATEGORIES, fp32_formula_bytes, paper_formula_bytes
+
+
+def rank_report(engine, phases: PhasePeaks | None = None) -> dict:
+    """This rank's ledgers and real resident peaks, as plain data (gathered to rank 0)."""
+    return {
+        "rank": engine.rank,
+        "memory_bytes": engine.memory.bytes_by_category(),
+        "peak_bytes": engine.memory.peak_bytes,
+        "peak_by_category": dict(engine.memory.peak_by_category),
+        "rss_baseline_bytes": phases.baseline if phases else None,
+        "rss_peak_bytes": dict(phases.peaks) if phases else {},
+        "comm_last_step": engine.comm.ledger.last_step(),
+    }
+
+
+def rss_table(reports: list[dict]) -> str:
+    """The ledger's peak beside the process's real peak above its baseline, per phase."""
+    phases = list(reports[0]["rss_peak_bytes"]) if reports and reports[0]["rss_peak_bytes"] else []
+    if not phases:
+        return "real resident memory: not available on this system (/proc/self/status)"
+    head = "rank " + f"{'ledger peak':>12}" + "".join(f"{'real ' + p:>12}" for p in phases)
+    lines = [
+        "ledger vs process, MiB (real: peak resident set above the baseline after imports, "
+        "per phase; untracked = real peak - ledger peak: activations, MPI, Python)",
+        head + f"{'untracked':>12}",
+    ]
+    for r in reports:
+        real = r["rss_peak_bytes"]
+        cells = "".join(f"{real[p] / 2**20:12.3f}" for p in phases)
+        untracked = max(real.values()) - r["peak_bytes"]
+        lines.append(
+            f"{r['rank']:>4} {r['peak_bytes'] / 2**20:12.3f}{cells}{untracked / 2**20:12.3f}"
+        )
+    return "\n".join(lines)
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:9.3f}"
+
+
+def memory_table(reports: list[dict], stage: int, numel: int, world: int, k: int) -> str:
+    """Bytes held per rank by category, the fp32 formula, and the paper's K=12 line."""
+    formula = fp32_formula_bytes(stage, numel, world, k)
+    head = "rank " + "".join(f"{c:>10}" for c in CATEGORIES) + f"{'total':>10}{'peak':>10}"
+    lines = [
+        f"memory per rank, MiB (stage {stage}, Psi = {numel:,} padded params, {world} ranks)",
+        head,
+    ]
+    for r in reports:
+        held = r["memory_bytes"]
+        cells = "".join(f" {_mib(held[c])}" for c in CATEGORIES)
+        lines.append(f"{r['rank']:>4}{cells} {_mib(sum(held.values()))} {_mib(r['peak_bytes'])}")
+    cells = "".join(f" {_mib(formula[c])}" if c in formula else f"{'-':>10}" for c in CATEGORIES)
+    lines.append(f"{'fp32':>4}{cells} {_mib(sum(formula.values()))}   <- formula for this stage")
+    paper = paper_formula_bytes(stage, numel, world)
+    lines.append(f"paper, mixed precision K=12: {_mib(paper).strip()} MiB of model states per rank")
+    return "\n".join(lines)
+
+
+def comm_table(reports: list[dict], stage: int, unit_numels: list[int], world: int, k: int) -> str:
+    """Bytes each rank sent in the last step, by collective, beside the paper's volume
+    and zero_ref's own schedule. unit_numels: the padded unit sizes, forward order."""
+    kinds = sorted({kind for r in reports for kind in r["comm_last_step"]})
+    lines = [
+        "communication in the last step, bytes sent per rank "
+        "(modelled: each call's buffer counts, priced as a ring algorithm moves them)",
+        "rank " + "".join(f"{kind:>16}" for kind in kinds) + f"{'total':>16}",
+    ]
+    for r in reports:
+        step = r["comm_last_step"]
+        cells = "".join(f"{int(step.get(kind, {}).get('sent_bytes', 0)):>16,}" for kind in kinds)
+        lines.append(f"{r['rank']:>4} {cells}{CommLedger.step_sent_bytes(step):>16,}")
+    lines += _volume_lines(stage, unit_numels, world, k)
+    return "\n".join(lines)
+
+
+def _volume_lines(stage: int, unit_numels: list[int], world: int, k: int) -> list[str]:
+    """The paper's Sec. 7 volume (one micro-step), and what zero_ref's schedule sends:
+    k micro-steps, and at stage 3 no gather of a unit the buffer already holds."""
+    paper = paper_sent_bytes(stage, sum(unit_numels), world, 1)
+    expected = expected_sent_bytes(stage, unit_numels, world, k)
+    lines = [f"paper (Sec. 7), params + grads, one micro-step: {paper:,} bytes per rank"]
+    if expected != paper:
+        why = []
+        if k > 1:
+            why.append(f"{k} micro-steps")
+        if stage == 3:
+            why.append("no re-gather of the unit in the buffer")
+        lines.append(f"this schedule ({', '.join(why)}): {expected:,} bytes per rank per step")
+    return lines

@@ -1,0 +1,1 @@
+"""Communication: the only package that imports mpi4py (collectives.py), and its ledger."""

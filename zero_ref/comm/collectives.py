@@ -1,0 +1,255 @@
+"""Collectives over flat float32 buffers: the only module that imports mpi4py.
+
+Every hot-path call uses mpi4py's uppercase buffer API (no pickling). Each call
+is recorded in a CommLedger (bytes this rank really exchanges, and seconds).
+
+Sums across ranks come from a *reduction policy*:
+  MPIReduction      MPI's own MPI_SUM (Reduce_scatter_block, Allreduce): fast,
+                    but the association of the sum is MPI's choice.
+  OrderedReduction  an Alltoall of the blocks, then a local sum in rank order:
+                    the same bytes on the wire as a ring reduce-scatter, and
+                    the result bitwise equal to the oracle's rank-order sum.
+ZeroConfig.deterministic is the one switch: `comm_for(mpi_comm, cfg)` is the one
+place that turns it into a policy, and an engine refuses a Comm whose policy
+disagrees with its config (the clipping norm follows the same switch).
+
+With check_schedule on (a debug mode), ranks first agree on what each collective
+is -- operation, count, dtype, where in the step, step -- so a rank that skips
+or reorders a collective raises ScheduleMismatchError instead of hanging (see
+zero_ref/comm/schedule.py). That exchange is not counted in the ledger.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+from mpi4py import MPI
+
+from zero_ref.comm import schedule
+from zero_ref.comm.ledger import CommLedger
+from zero_ref.comm.rank_order import sum_in_rank_order
+from zero_ref.config import ZeroConfig
+
+F32_BYTES = 4
+
+
+class Handle:
+    """A non-blocking collective in flight; `wait()` must be called exactly once."""
+
+    def __init__(self, request: MPI.Request, finish: Callable[[], None], record: Callable):
+        self._request, self._finish, self._record = request, finish, record
+        self._start = time.perf_counter()
+        self.done = False
+
+    def wait(self) -> None:
+        assert not self.done, "Handle.wait() called twice on the same collective"
+        self._request.Wait()
+        self._finish()
+        self.done = True
+        self._record(time.perf_counter() - self._start)
+
+
+class Comm:
+    """A communicator, its reduction policy and its ledger, passed explicitly."""
+
+    def __init__(
+        self,
+        mpi_comm: MPI.Comm,
+        reduction: MPIReduction | OrderedReduction | None = None,
+        check_schedule: bool = False,
+    ) -> None:
+        self.mpi = mpi_comm
+        self.rank = mpi_comm.Get_rank()
+        self.size = mpi_comm.Get_size()
+        self.ledger = CommLedger()
+        self.reduction = MPIReduction() if reduction is None else reduction
+        self.check_schedule = check_schedule
+        self.step: int | None = None  # labels for the collectives that follow
+        self.where = ""
+
+    # ---- collective-schedule checking (debug)
+    def set_context(self, step: int | None = None, where: str | None = None) -> None:
+        """Label the collectives that follow: the step, and where in it ("forward hidden")."""
+        if step is not None:
+            self.step = step
+        if where is not None:
+            self.where = where
+
+    def _agree(self, op: str, count: int, dtype: str = "float32") -> None:
+        """With check_schedule: all-gather every rank's signature; raise on a mismatch."""
+        if not self.check_schedule:
+            return
+        mine = schedule.signature(op, count, dtype, self.where, self.step)
+        everyone = np.empty((self.size, mine.size), np.uint8)  # row r: rank r's signature
+        self.mpi.Allgather(mine, everyone)
+        schedule.check_agreement(everyone)
+
+    # ---- bytes each rank exchanges, from the buffers of the call
+    def _block_bytes(self, n_block: int) -> int:
+        """(W-1) blocks of n_block float32 elements."""
+        return (self.size - 1) * n_block * F32_BYTES
+
+    def _timed(self, kind: str, n_block: int, factor: int, fn: Callable[[], None]) -> None:
+        t0 = time.perf_counter()
+        fn()
+        nbytes = factor * self._block_bytes(n_block)
+        self.ledger.record(kind, nbytes, nbytes, time.perf_counter() - t0)
+
+    # ---- sums across ranks
+    def reduce_scatter_sum(self, send: np.ndarray, recv: np.ndarray) -> None:
+        """recv (n,) = sum over ranks of their send[rank*n : (rank+1)*n]; send is (W*n,)."""
+        _check_blocks(send, recv, self.size)
+        self._agree("reduce_scatter", recv.size)
+        self._timed(
+            "reduce_scatter",
+            recv.size,
+            1,
+            lambda: self.reduction.reduce_scatter(self.mpi, send, recv),
+        )
+
+    def allreduce_sum(self, buf: np.ndarray) -> None:
+        """buf (W*n,) <- sum over ranks, in place."""
+        _check_blocks(buf, None, self.size)
+        self._agree("allreduce", buf.size)
+        self._timed(
+            "allreduce", buf.size // self.size, 2, lambda: self.reduction.allreduce(self.mpi, buf)
+        )
+
+    def ireduce_scatter_sum(self, send: np.ndarray, recv: np.ndarray) -> Handle:
+        """Non-blocking reduce_scatter_sum; recv is valid after handle.wait()."""
+        _check_blocks(send, recv, self.size)
+        self._agree("ireduce_scatter", recv.size)
+        request, finish = self.reduction.ireduce_scatter(self.mpi, send, recv)
+        nbytes = self._block_bytes(recv.size)
+        return Handle(
+            request, finish, lambda s: self.ledger.record("reduce_scatter", nbytes, nbytes, s)
+        )
+
+    # ---- gathers
+    def allgather(self, send: np.ndarray, recv: np.ndarray, kind: str = "allgather") -> None:
+        """recv (W*n,) <- every rank's send (n,), in rank order; `kind` names it in the ledger."""
+        _check_blocks(recv, send, self.size)
+        self._agree("allgather", send.size)
+        self._timed(kind, send.size, 1, lambda: self.mpi.Allgather(send, recv))
+
+    def allgather_in_place(self, buf: np.ndarray) -> None:
+        """buf (W*n,): block r <- rank r's block r, for every r (MPI_IN_PLACE)."""
+        _check_blocks(buf, None, self.size)
+        self._agree("allgather", buf.size // self.size)
+        self._timed(
+            "allgather", buf.size // self.size, 1, lambda: self.mpi.Allgather(MPI.IN_PLACE, buf)
+        )
+
+    def gather_to_root(self, send: np.ndarray, recv: np.ndarray | None, kind: str) -> None:
+        """recv (W*n,) on rank 0 <- every rank's send (n,), in rank order; other ranks
+        pass recv=None and hold nothing (streaming consolidation to one writer)."""
+        if self.rank == 0:
+            _check_blocks(recv, send, self.size)
+        self._agree("gather", send.size)
+        t0 = time.perf_counter()
+        self.mpi.Gather(send, recv if self.rank == 0 else None, root=0)
+        nbytes = send.size * F32_BYTES
+        sent, received = (0, (self.size - 1) * nbytes) if self.rank == 0 else (nbytes, 0)
+        self.ledger.record(kind, sent, received, time.perf_counter() - t0)
+
+    def broadcast(self, buf: np.ndarray, kind: str) -> None:
+        """buf <- rank 0's buf, on every rank (small arrays: sampled logits)."""
+        self._agree("broadcast", buf.size, buf.dtype.name)
+        t0 = time.perf_counter()
+        self.mpi.Bcast(buf, root=0)
+        nbytes = buf.nbytes * (self.size - 1) if self.rank == 0 else 0
+        self.ledger.record(
+            kind, nbytes, 0 if self.rank == 0 else buf.nbytes, time.perf_counter() - t0
+        )
+
+    def iallgather(self, send: np.ndarray, recv: np.ndarray) -> Handle:
+        """Non-blocking allgather; recv is valid after handle.wait()."""
+        _check_blocks(recv, send, self.size)
+        self._agree("iallgather", send.size)
+        request = self.mpi.Iallgather(send, recv)
+        nbytes = self._block_bytes(send.size)
+        return Handle(
+            request, lambda: None, lambda s: self.ledger.record("allgather", nbytes, nbytes, s)
+        )
+
+    # ---- small float64 exchanges (the gradient norm's partials)
+    def allreduce_int64(self, buf: np.ndarray, kind: str) -> np.ndarray:
+        """Elementwise sum of an int64 array over ranks. Integer addition is exact and
+        associative, so the result does not depend on MPI's order."""
+        return self._allreduce_small(np.ascontiguousarray(buf, np.int64), MPI.SUM, kind)
+
+    def allreduce_float64(self, value: float, kind: str) -> float:
+        """Sum of one float64 per rank (MPI's order); `kind` names it in the ledger."""
+        return float(self._allreduce_small(np.array([value], np.float64), MPI.SUM, kind)[0])
+
+    def allreduce_min_int64(self, value: int, kind: str) -> int:
+        """Smallest of one int64 per rank; `kind` names it in the ledger."""
+        return int(self._allreduce_small(np.array([value], np.int64), MPI.MIN, kind)[0])
+
+    def _allreduce_small(self, values: np.ndarray, op: MPI.Op, kind: str) -> np.ndarray:
+        """Allreduce of a small array (norms, losses, flags); ledger bytes as for a
+        ring all-reduce, 2 (W-1)/W of the array, at least one element each way."""
+        op_name = "allreduce" if op == MPI.SUM else "allreduce_min"
+        self._agree(op_name, values.size, values.dtype.name)
+        t0 = time.perf_counter()
+        out = np.empty_like(values)
+        self.mpi.Allreduce(values, out, op=op)
+        per_block = max(values.nbytes // self.size, values.itemsize) if values.size else 0
+        nbytes = 2 * (self.size - 1) * per_block
+        self.ledger.record(kind, nbytes, nbytes, time.perf_counter() - t0)
+        return out
+
+
+def comm_for(mpi_comm: MPI.Comm, cfg: ZeroConfig) -> Comm:
+    """The Comm an engine with config `cfg` needs: its reduction policy and schedule
+    checking both follow the config (the only place that maps one to the other)."""
+    reduction = OrderedReduction() if cfg.deterministic else MPIReduction()
+    return Comm(mpi_comm, reduction, check_schedule=cfg.check_schedule)
+
+
+class MPIReduction:
+    """Sums with MPI_SUM: fastest, association chosen by the MPI library."""
+
+    deterministic = False
+
+    def reduce_scatter(self, mpi: MPI.Comm, send: np.ndarray, recv: np.ndarray) -> None:
+        mpi.Reduce_scatter_block(send, recv, op=MPI.SUM)
+
+    def allreduce(self, mpi: MPI.Comm, buf: np.ndarray) -> None:
+        mpi.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+
+    def ireduce_scatter(self, mpi: MPI.Comm, send: np.ndarray, recv: np.ndarray):
+        return mpi.Ireduce_scatter_block(send, recv, op=MPI.SUM), lambda: None
+
+
+class OrderedReduction:
+    """Sums in rank order: Alltoall the blocks, then add them up left to right."""
+
+    deterministic = True
+
+    def reduce_scatter(self, mpi: MPI.Comm, send: np.ndarray, recv: np.ndarray) -> None:
+        rows = np.empty((mpi.Get_size(), recv.size), np.float32)  # row r: rank r's block for me
+        mpi.Alltoall(send, rows)
+        sum_in_rank_order(rows, recv)
+
+    def allreduce(self, mpi: MPI.Comm, buf: np.ndarray) -> None:
+        mine = np.empty(buf.size // mpi.Get_size(), np.float32)
+        self.reduce_scatter(mpi, buf, mine)
+        mpi.Allgather(mine, buf)
+
+    def ireduce_scatter(self, mpi: MPI.Comm, send: np.ndarray, recv: np.ndarray):
+        rows = np.empty((mpi.Get_size(), recv.size), np.float32)
+        return mpi.Ialltoall(send, rows), lambda: sum_in_rank_order(rows, recv)
+
+
+def _check_blocks(full: np.ndarray, block: np.ndarray | None, world: int) -> None:
+    """full (and block) must be contiguous float32, full holding W * block.size elements."""
+    for buf in (full,) if block is None else (full, block):
+        if buf.dtype != np.float32 or not buf.flags.c_contiguous:
+            raise ValueError(f"collective buffers must be contiguous float32, got {buf.dtype}")
+    if full.size % world:
+        raise ValueError(f"buffer of {full.size} elements does not split into {world} blocks")
+    if block is not None and block.size * world != full.size:
+        raise ValueError(f"block of {block.size} elements x {world} ranks != {full.size}")

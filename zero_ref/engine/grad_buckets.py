@@ -1,0 +1,81 @@
+"""The gradient buckets of stages 1-3: pack each unit's gradient columns into the
+staging matrix, reduce-scatter every bucket as soon as it is complete.
+
+A unit's gradient is a (world_size, shard_numel_u) matrix whose row r is what
+rank r owns (zero_ref/layout/flat.py). zero_ref/layout/buckets.py cuts the shard space into
+windows of at most bucket_numel // world_size columns; here each window is
+filled from the units that overlap it and reduce-scattered once its lowest unit
+is done, landing (summed over ranks) in this rank's slice of the shard
+gradient. Micro-steps after the first land in `reduce_out` and are added, the
+oracle's micro-step order. Staging holds at most bucket_numel elements, so
+the memory for reductions does not grow with the model, and neither do MPI's
+own temporaries (about one byte per element a reduce-scatter sends).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from zero_ref.comm.collectives import Comm
+from zero_ref.engine.placement import HostPlacement
+from zero_ref.layout.buckets import Bucket, plan_buckets
+from zero_ref.layout.flat import FlatLayout, rank_rows
+
+
+class GradientBuckets:
+    """The bucket plan, its staging matrix, and what each unit's gradient completes."""
+
+    def __init__(
+        self,
+        layout: FlatLayout,
+        bucket_numel: int,
+        grad_accum: int,
+        comm: Comm,
+        place: HostPlacement,
+        shard_grads: np.ndarray,
+    ) -> None:
+        self.layout, self.comm, self.shard_grads = layout, comm, shard_grads
+        self.world = layout.world_size
+        units = layout.units
+        self.plan: list[Bucket] = plan_buckets(
+            [u.shard_numel for u in units],
+            [u.shard_offset for u in units],
+            bucket_numel,
+            self.world,
+        )
+        self.of_unit: dict[int, list[Bucket]] = {i: [] for i in range(len(units))}
+        for bucket in self.plan:  # top-down, the order backward meets them
+            for i in range(bucket.first_unit, bucket.last_unit + 1):
+                self.of_unit[i].append(bucket)
+        widest = max((b.shard_numel for b in self.plan), default=0)
+        self.staging = place.zeros("buffers", "bucket_staging", self.world * widest)
+        self.reduce_out = None  # landing space for micro-steps after the first
+        if grad_accum > 1:
+            self.reduce_out = place.zeros("buffers", "reduce_out", widest)
+
+    def unit_ready(self, i: int, unit_grads: np.ndarray, micro: int) -> None:
+        """Unit i's padded gradient range is final: pack it, fire what it completes."""
+        unit = self.layout.units[i]
+        rows = rank_rows(unit_grads, unit)  # (W, s_u): row r is rank r's slice
+        for bucket in self.of_unit[i]:
+            lo = max(bucket.shard_offset, unit.shard_offset)
+            hi = min(bucket.shard_offset + bucket.shard_numel, unit.shard_offset + unit.shard_numel)
+            staging = self._staging(bucket)
+            staging[:, lo - bucket.shard_offset : hi - bucket.shard_offset] = rows[
+                :, lo - unit.shard_offset : hi - unit.shard_offset
+            ]
+            if bucket.first_unit == i:
+                self._reduce(bucket, staging, micro)
+
+    def _staging(self, bucket: Bucket) -> np.ndarray:
+        """The (W, columns) staging matrix of `bucket` (row r goes to rank r)."""
+        return self.staging[: self.world * bucket.shard_numel].reshape(self.world, -1)
+
+    def _reduce(self, bucket: Bucket, staging: np.ndarray, micro: int) -> None:
+        mine = self.shard_grads[bucket.shard_offset : bucket.shard_offset + bucket.shard_numel]
+        if micro == 0:
+            self.comm.reduce_scatter_sum(staging.reshape(-1), mine)
+            return
+        out = self.reduce_out[: bucket.shard_numel]
+        self.comm.reduce_scatter_sum(staging.reshape(-1), out)
+        mine += out

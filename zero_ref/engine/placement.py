@@ -1,0 +1,33 @@
+"""Where each model-sized array lives, and in what dtype: one decision, one place.
+
+Every array whose size grows with the model (parameters, gradients, optimizer
+state, bucket staging, gathered units) is created here and registered with the
+memory ledger at creation, so what the ledger says a rank holds is what it
+allocated. Today everything is float32 in this process's RAM; mixed precision
+(a dtype per category), NVMe offload (np.memmap files) and the GPU (device
+arrays) will be other placements with the same two methods, and the stages
+will not change.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from zero_ref.engine.memory import MemoryLedger
+
+
+class HostPlacement:
+    """float32 arrays in RAM, each registered with the ledger under its category."""
+
+    dtype = np.float32
+
+    def __init__(self, ledger: MemoryLedger) -> None:
+        self.ledger = ledger
+
+    def zeros(self, category: str, name: str, numel: int) -> np.ndarray:
+        """A new zero-filled 1-D array, held under `category` as `name`."""
+        return self.ledger.hold(category, name, np.zeros(numel, self.dtype))
+
+    def empty(self, category: str, name: str, numel: int) -> np.ndarray:
+        """A new 1-D array whose contents the caller fills before reading."""
+        return self.ledger.hold(category, name, np.empty(numel, self.dtype))

@@ -1,0 +1,282 @@
+"""Stage 0: plain data parallelism, the baseline every ZeRO stage is measured against.
+
+Every rank holds the full parameters, gradients and optimizer state (the
+paper's (2 + 2 + K) Psi). After each micro-step's backward the gradients are
+all-reduced, in chunks of bucket_numel elements so that MPI's temporaries stay
+bounded (MPICH's in-place all-reduce allocates half the buffer it is given);
+every rank then runs the same AdamW step on the whole buffer.
+
+This class also holds the loop all stages share (forward through the units,
+loss, backward in reverse, optimizer step); the stages above override only
+the hooks that say where memory lives and which collectives run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from zero_ref.comm.collectives import Comm
+from zero_ref.config import ZeroConfig
+from zero_ref.engine.init_source import InitSource, as_init_source
+from zero_ref.engine.memory import MemoryLedger
+from zero_ref.engine.packing import unpack_full
+from zero_ref.engine.placement import HostPlacement
+from zero_ref.layout.buckets import bucket_columns
+from zero_ref.layout.flat import FlatLayout, UnitLayout, build_layout, tensor_views
+from zero_ref.models.unit import Model
+from zero_ref.optim.adamw import adamw_kernel, adamw_scalars, with_lr
+from zero_ref.optim.gradnorm import clip_coefficient, global_grad_norm
+from zero_ref.optim.nonfinite import NonFiniteGradientError, describe_full_index, locate_nonfinite
+
+StateSink = Callable[[str, UnitLayout, np.ndarray], None]  # (kind, unit, padded flat range)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one optimizer step reports (identical on every rank)."""
+
+    step: int
+    loss: float  # mean over all ranks and micro-steps
+    grad_norm: float  # global norm of the averaged gradient, before clipping
+    skipped: bool = False  # a NaN/Inf gradient under the "skip" policy: nothing changed
+
+
+def _check_comm_matches(comm: Comm, cfg: ZeroConfig) -> None:
+    """One determinism switch: the Comm's sums must follow cfg.deterministic, as the
+    norm does, or a run would be half deterministic (build it with comm_for)."""
+    if comm.reduction.deterministic != cfg.deterministic:
+        raise ValueError(
+            f"ZeroConfig.deterministic={cfg.deterministic} but the Comm reduces with "
+            f"{type(comm.reduction).__name__}: build the Comm with "
+            "zero_ref.comm.collectives.comm_for(mpi_comm, cfg)"
+        )
+    if cfg.check_schedule:
+        comm.check_schedule = True
+
+
+def accumulate(dst: np.ndarray, src: np.ndarray, first: bool) -> None:
+    """dst = src on the first micro-step, dst += src after (the oracle's order)."""
+    if first:
+        dst[...] = src
+    else:
+        dst += src
+
+
+class Stage0DataParallel:
+    """Full replicas everywhere; Allreduce of the gradients."""
+
+    stage = 0
+
+    def __init__(
+        self,
+        model: Model,
+        init_params: InitSource | Mapping[str, np.ndarray],
+        cfg: ZeroConfig,
+        comm: Comm,
+    ) -> None:
+        self.model, self.cfg, self.comm = model, cfg, comm
+        self.world, self.rank = comm.size, comm.rank
+        self.layout: FlatLayout = build_layout(
+            [(u.name, [(s.name, s.shape) for s in u.param_specs()]) for u in model.units],
+            comm.size,
+        )
+        self.memory = MemoryLedger()
+        self.place = HostPlacement(self.memory)  # where every model-sized array lives
+        self.step_count = 0
+        _check_comm_matches(comm, cfg)
+        self._init_params(as_init_source(init_params, model))
+        self._init_grads()
+        self._init_optimizer()
+
+    # ---- where model state lives (stage 0: everything full)
+    def _init_params(self, source: InitSource) -> None:
+        """The full parameters, filled unit by unit from the source."""
+        self.full_params = self.place.zeros("params", "full_params", self.layout.full_numel)
+        for unit in self.layout.units:
+            source.fill_unit(unit, self.full_params[unit.full_slice()], 0, unit.padded_numel)
+
+    def _init_grads(self) -> None:
+        n = self.layout.full_numel
+        self.full_grads = self.place.zeros("grads", "full_grads", n)
+        self.grad_acc = self.full_grads
+        if self.cfg.grad_accum > 1:
+            self.grad_acc = self.place.zeros("grads", "full_grad_acc", n)
+
+    def _init_optimizer(self) -> None:
+        n = self._optimizer_numel()
+        self.exp_avg = self.place.zeros("optimizer", "exp_avg", n)
+        self.exp_avg_sq = self.place.zeros("optimizer", "exp_avg_sq", n)
+
+    def _optimizer_numel(self) -> int:
+        return self.layout.full_numel
+
+    # ---- hooks the shared loop calls, unit by unit
+    def unit_params(self, i: int) -> dict[str, np.ndarray]:
+        unit = self.layout.units[i]
+        return tensor_views(self.full_params[unit.full_slice()], unit)
+
+    def release_unit_params(self, i: int) -> None:
+        """Stage 3 frees the gathered unit here; below it there is nothing to free."""
+
+    def unit_grads(self, i: int) -> dict[str, np.ndarray]:
+        unit = self.layout.units[i]
+        return tensor_views(self.full_grads[unit.full_slice()], unit)
+
+    def on_unit_backward_done(self, i: int, micro: int) -> None:
+        """Stage 2 reduce-scatters full buckets here."""
+
+    def on_backward_done(self, micro: int) -> None:
+        chunk = bucket_columns(self.cfg.bucket_numel, self.world) * self.world
+        for start in range(0, self.layout.full_numel, chunk):
+            self.comm.allreduce_sum(self.full_grads[start : start + chunk])
+        if self.grad_acc is not self.full_grads:
+            accumulate(self.grad_acc, self.full_grads, first=micro == 0)
+
+    def owned_slices(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """(param, grad, exp_avg, exp_avg_sq) 1-D views this rank updates."""
+        return [(self.full_params, self.grad_acc, self.exp_avg, self.exp_avg_sq)]
+
+    def norm_comm(self) -> Comm | None:
+        """Who holds the other parts of the gradient (None: this rank holds all of it)."""
+        return None
+
+    def after_update(self) -> None:
+        """Stages 1-2 all-gather the updated parameters here."""
+
+    # ---- the loop every stage shares
+    def train_step(
+        self, inputs: np.ndarray, targets: np.ndarray, lr: float | None = None
+    ) -> StepResult:
+        """One optimizer step from this rank's micro-batches inputs[j], targets[j].
+
+        `lr` overrides the configured learning rate for this step (schedules)."""
+        k = self.cfg.grad_accum
+        if len(inputs) != k or len(targets) != k:
+            raise ValueError(f"train_step got {len(inputs)} micro-batches; grad_accum is {k}")
+        self.comm.set_context(step=self.step_count + 1)
+        loss_sum = sum(self.forward_backward(inputs[j], targets[j], j) for j in range(k))
+        steps_before = self.step_count
+        grad_norm = self.optimizer_step(lr)
+        self.comm.set_context(where="loss")
+        loss = self.comm.allreduce_float64(loss_sum, kind="loss") / (k * self.world)
+        self.comm.ledger.end_step()
+        return StepResult(self.step_count, loss, grad_norm, self.step_count == steps_before)
+
+    def forward_backward(self, x: np.ndarray, targets: np.ndarray, micro: int) -> float:
+        """Forward unit by unit, the loss, backward in reverse; returns the loss."""
+        caches = []
+        for i, unit in enumerate(self.model.units):
+            self.comm.set_context(where=f"micro-step {micro} forward {unit.name}")
+            x, cache = unit.forward(self.unit_params(i), x)
+            self.release_unit_params(i)
+            caches.append(cache)
+        loss, dout = self.model.loss(x, targets)
+        for i in range(len(self.model.units) - 1, -1, -1):
+            unit = self.model.units[i]
+            self.comm.set_context(where=f"micro-step {micro} backward {unit.name}")
+            dout = unit.backward(self.unit_params(i), caches[i], dout, self.unit_grads(i))
+            self.release_unit_params(i)
+            caches[i] = None
+            self.on_unit_backward_done(i, micro)
+        self.comm.set_context(where=f"micro-step {micro} gradient reduction")
+        self.on_backward_done(micro)
+        return loss
+
+    def optimizer_step(self, lr: float | None = None) -> float:
+        """Average, clip by the global norm, AdamW on the owned slices; returns the norm.
+
+        A non-finite norm (the same on every rank) means a NaN/Inf somewhere: the
+        `nonfinite` policy raises, or skips the step with all state untouched."""
+        self.comm.set_context(where="optimizer step")
+        owned = self.owned_slices()
+        scale = np.float32(self.world * self.cfg.grad_accum)
+        for _, grad, _, _ in owned:
+            grad /= scale
+        grads = [g for _, g, _, _ in owned]
+        norm = global_grad_norm(grads, self.norm_comm(), exact=self.cfg.deterministic)
+        if not math.isfinite(norm) and self._skip_nonfinite(grads):
+            return norm  # params, optimizer state and step_count untouched on every rank
+        self.step_count += 1
+        coef = clip_coefficient(norm, self.cfg.clip)
+        s = adamw_scalars(with_lr(self.cfg.optimizer, lr), self.step_count)
+        for param, grad, exp_avg, exp_avg_sq in owned:
+            if coef != 1:
+                grad *= coef
+            adamw_kernel(param, grad, exp_avg, exp_avg_sq, s)
+        self.after_update()
+        return norm
+
+    def _skip_nonfinite(self, grads: list[np.ndarray]) -> bool:
+        """Find the first NaN/Inf over all ranks; raise ("raise") or return True ("skip")."""
+        full_index = locate_nonfinite(grads, self.layout, self.rank, self.norm_comm())
+        if full_index is None:
+            return False  # finite gradients whose float32 norm overflowed: step as before
+        if self.cfg.nonfinite == "skip":
+            return True
+        raise NonFiniteGradientError(
+            f"non-finite gradient (NaN or Inf) in {describe_full_index(self.layout, full_index)}"
+            f" at step {self.step_count + 1}"
+        )
+
+    # ---- using and reading the result
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """The model's output for x, unit by unit as training computes it (a collective
+        at stage 3, which gathers each unit: every rank must call it with the same x)."""
+        for i, unit in enumerate(self.model.units):
+            x, _ = unit.forward(self.unit_params(i), x)
+            self.release_unit_params(i)
+        return x
+
+    def full_parameters(self) -> dict[str, np.ndarray]:
+        """Every parameter, consolidated (a collective at stage 3; copies)."""
+        return unpack_full(self.full_params, self.layout)
+
+    def stream_state(self, kinds: Sequence[str], sink: StateSink) -> None:
+        """Hand rank 0 each unit's padded range of each state buffer in `kinds`
+        ("param", "exp_avg", "exp_avg_sq"), unit after unit: sink(kind, unit, flat)
+        runs on rank 0 alone. A collective; no rank ever holds a full-size copy
+        (a buffer this rank keeps whole is lent as a view, a sharded one is
+        gathered one unit at a time into a landing buffer on rank 0 only)."""
+        self.comm.set_context(where="consolidate")
+        landing = None
+        if self.rank == 0:
+            widest = max((u.padded_numel for u in self.layout.units), default=0)
+            landing = self.memory.hold("buffers", "landing", np.empty(widest, np.float32))
+        for unit in self.layout.units:
+            for kind in kinds:
+                flat = self._unit_on_root(kind, unit, landing)
+                if self.rank == 0:
+                    sink(kind, unit, flat)
+        if self.rank == 0:
+            self.memory.drop("buffers", "landing")
+
+    def _unit_on_root(self, kind: str, unit: UnitLayout, landing: np.ndarray | None):
+        """Rank 0's copy of one unit of one state buffer (None on the other ranks)."""
+        whole, shard = self._state_buffers(kind)
+        if whole is not None:
+            return whole[unit.full_slice()]
+        flat = None if landing is None else landing[: unit.padded_numel]
+        if unit.padded_numel:
+            self.comm.gather_to_root(shard[unit.shard_slice()], flat, "consolidate")
+        return flat
+
+    def _state_buffers(self, kind: str) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """(the full buffer if this rank keeps it whole, else None; its shard buffer)."""
+        whole = {"param": self.full_params, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
+        return whole[kind], None
+
+    def full_optimizer_state(self) -> dict[str, dict[str, np.ndarray]]:
+        """AdamW's exp_avg (m) and exp_avg_sq (v) of every parameter, by name
+        (a collective at stages 1-3, where each rank holds a shard; copies)."""
+        return {
+            "exp_avg": unpack_full(self._full_optimizer_buffer(self.exp_avg), self.layout),
+            "exp_avg_sq": unpack_full(self._full_optimizer_buffer(self.exp_avg_sq), self.layout),
+        }
+
+    def _full_optimizer_buffer(self, buf: np.ndarray) -> np.ndarray:
+        """Stage 0 keeps the optimizer state whole: it already is the full buffer."""
+        return buf

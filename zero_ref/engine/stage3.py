@@ -1,0 +1,72 @@
+"""Stage 3 (P_os+g+p): parameters are partitioned too.
+
+Adds to stage 2: each rank keeps only its slice of the parameters (4 Psi / Nd
+bytes). Before a unit's forward, and again before its backward, the unit's
+parameters are all-gathered into one buffer the size of the widest unit,
+reused by every gather, so at any time a rank holds its shard plus one
+gathered unit. The optimizer updates the shard in place and no all-gather
+follows the step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from zero_ref.engine.init_source import InitSource
+from zero_ref.engine.packing import unpack_full
+from zero_ref.engine.stage2 import Stage2GradientsSharded
+from zero_ref.layout.flat import tensor_views
+
+
+class Stage3ParamsSharded(Stage2GradientsSharded):
+    """Everything sharded; units gathered on demand."""
+
+    stage = 3
+
+    def _init_params(self, source: InitSource) -> None:
+        """Only this rank's slice of each unit is ever filled (DeepSpeed's zero.Init)."""
+        shard = self.place.zeros("params", "shard_params", self.layout.shard_numel)
+        for unit in self.layout.units:
+            lo = self.rank * unit.shard_numel
+            source.fill_unit(unit, shard[unit.shard_slice()], lo, lo + unit.shard_numel)
+        self.shard_params = shard
+        widest = max((u.padded_numel for u in self.layout.units), default=0)
+        self.gathered = self.place.empty("buffers", "gathered_unit", widest)
+        self.gathered_unit: int | None = None  # which unit `gathered` holds now
+
+    def unit_params(self, i: int) -> dict[str, np.ndarray]:
+        """Unit i's full parameters, all-gathered into the one reused buffer unless it
+        already holds them (the last unit's forward is followed by its backward, and
+        unit 0's backward by the next micro-step's forward: no gather there)."""
+        unit = self.layout.units[i]
+        if self.gathered_unit != i:
+            if unit.padded_numel:
+                send = self.shard_params[unit.shard_slice()]
+                self.comm.allgather(send, self.gathered[: unit.padded_numel])
+            self.gathered_unit = i
+        return tensor_views(self.gathered[: unit.padded_numel], unit)
+
+    def release_unit_params(self, i: int) -> None:
+        """Nothing to free: the next gather overwrites the buffer."""
+
+    def owned_slices(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        if self.layout.shard_numel == 0:
+            return []
+        return [(self.shard_params, self.shard_grads, self.exp_avg, self.exp_avg_sq)]
+
+    def after_update(self) -> None:
+        """No all-gather: the next forward gathers each unit when it needs it. The
+        buffer's copy of a unit is stale now."""
+        self.gathered_unit = None
+
+    def _state_buffers(self, kind: str) -> tuple[np.ndarray | None, np.ndarray | None]:
+        shards = {
+            "param": self.shard_params,
+            "exp_avg": self.exp_avg,
+            "exp_avg_sq": self.exp_avg_sq,
+        }
+        return None, shards[kind]
+
+    def full_parameters(self) -> dict[str, np.ndarray]:
+        self.comm.set_context(where="consolidate")
+        return unpack_full(self.gather_shard(self.shard_params), self.layout)

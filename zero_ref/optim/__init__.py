@@ -1,0 +1,2 @@
+"""The optimizer's kernels, each beside its NumPy twin: AdamW, the gradient norm,
+NaN/Inf checks, the learning-rate schedule."""
