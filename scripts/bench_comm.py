@@ -46,25 +46,31 @@ from mpi4py import MPI
 from zero_ref.comm.collectives import Comm
 from zero_ref.config import ZeroConfig
 from zero_ref.engine import make_engine
+from zero_ref.layout.buckets import bucket_columns
 from zero_ref.models.unit import init_params
 
 
 def call_plan(engine) -> list[tuple[str, int]]:
     """The engine's collectives of one step, in order: (kind, numel of the full buffer)."""
     units, stage, w = engine.layout.units, engine.stage, engine.world
-    if stage == 0:
-        return [("allreduce", engine.layout.full_numel), ("loss", 1)]
-    plan = [("gather", u.padded_numel) for u in units] if stage == 3 else []  # forward
+    if stage == 0:  # the gradient all-reduced in chunks of bucket_numel
+        n, chunk = engine.layout.full_numel, bucket_columns(engine.cfg.bucket_numel, w) * w
+        return [*[("allreduce", min(chunk, n - s)) for s in range(0, n, chunk)], ("loss", 1)]
+    fires = {i: [] for i in range(len(units))}  # buckets a unit's backward completes
+    for bucket in engine.buckets.plan:
+        fires[bucket.first_unit].append(("reduce_scatter", bucket.shard_numel * w))
+    gathered = [i for i, u in enumerate(units) if u.padded_numel]
+    plan = [("gather", units[i].padded_numel) for i in gathered] if stage == 3 else []
     for i in reversed(range(len(units))):  # backward
-        if stage == 3:
+        if stage == 3 and i in gathered and i != gathered[-1]:  # the last one is still held
             plan.append(("gather", units[i].padded_numel))
-        if stage >= 2 and i == engine.bucket_of_unit[i].first_unit:
-            plan.append(("reduce_scatter", engine.bucket_of_unit[i].shard_numel * w))
+        if stage >= 2:
+            plan += fires[i]
     if stage == 1:
-        plan += [("reduce_scatter", u.padded_numel) for u in units]
+        plan += [call for i in reversed(range(len(units))) for call in fires[i]]
     plan.append(("norm", 1))
     if stage in (1, 2):
-        plan += [("gather_in_place", u.padded_numel) for u in units]
+        plan += [("gather_in_place", u.padded_numel) for u in units if u.padded_numel]
     return [*plan, ("loss", 1)]
 
 
