@@ -232,7 +232,8 @@ class Stage0DataParallel:
         return x
 
     def full_parameters(self) -> dict[str, np.ndarray]:
-        """Every parameter, consolidated (a collective at stage 3; copies)."""
+        """Every parameter, a full copy on every rank (a collective at stage 3): for tests
+        and small models. Runs stream the state to rank 0 instead (stream_state)."""
         return unpack_full(self.full_params, self.layout)
 
     def stream_state(self, kinds: Sequence[str], sink: StateSink) -> None:
@@ -268,15 +269,3 @@ class Stage0DataParallel:
         """(the full buffer if this rank keeps it whole, else None; its shard buffer)."""
         whole = {"param": self.full_params, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
         return whole[kind], None
-
-    def full_optimizer_state(self) -> dict[str, dict[str, np.ndarray]]:
-        """AdamW's exp_avg (m) and exp_avg_sq (v) of every parameter, by name
-        (a collective at stages 1-3, where each rank holds a shard; copies)."""
-        return {
-            "exp_avg": unpack_full(self._full_optimizer_buffer(self.exp_avg), self.layout),
-            "exp_avg_sq": unpack_full(self._full_optimizer_buffer(self.exp_avg_sq), self.layout),
-        }
-
-    def _full_optimizer_buffer(self, buf: np.ndarray) -> np.ndarray:
-        """Stage 0 keeps the optimizer state whole: it already is the full buffer."""
-        return buf

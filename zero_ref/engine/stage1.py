@@ -61,9 +61,6 @@ class Stage1OptimizerSharded(Stage0DataParallel):
             if unit.padded_numel:
                 self.comm.allgather_in_place(self.full_params[unit.full_slice()])
 
-    def _full_optimizer_buffer(self, buf: np.ndarray) -> np.ndarray:
-        return self.gather_shard(buf)
-
     def _state_buffers(self, kind: str) -> tuple[np.ndarray | None, np.ndarray | None]:
         if kind == "param":
             return self.full_params, None
