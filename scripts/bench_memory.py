@@ -43,6 +43,7 @@ def train_flags(size: str, stage: int, a: argparse.Namespace) -> list[str]:
         *("--stage", str(stage), "--d-model", d_model, "--n-layer", n_layer),
         *("--context", str(a.context), "--micro-batch-size", "1", "--steps", str(a.steps)),
         *("--quiet", "--sample-chars", "0"),
+        *(("--checkpoint-activations",) if a.checkpoint_activations else ()),
     ]
 
 
@@ -183,6 +184,11 @@ def main() -> None:
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--budget-gib", type=float, default=16.0, help="memory per rank")
     p.add_argument("--no-export", dest="export", action="store_false")
+    p.add_argument(
+        "--checkpoint-activations",
+        action="store_true",
+        help="train with activation checkpointing (each unit keeps only its input)",
+    )
     p.add_argument("--plot", type=Path, default=PLOT)
     p.add_argument("--no-plot", dest="plot", action="store_const", const=None)
     p.add_argument("--timeout-s", type=float, default=1800.0, help="per mpirun")

@@ -76,6 +76,7 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
         clip=case["clip"],
         deterministic=case["deterministic"],
         optimizer=opt,
+        checkpoint_activations=case.get("checkpoint_activations", False),
     )
     model, batches = build_model(case)
     init = init_params(model, case["seed"])

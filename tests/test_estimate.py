@@ -33,8 +33,12 @@ SMALL_MLP = MLPConfig(vocab_size=37, context=5, d_embed=7, d_hidden=33)
 MODELS = {"gpt": lambda: GPT(SMALL_GPT), "mlp": lambda: CharMLP(SMALL_MLP)}
 
 
-def build_engine(model, stage: int, mpi_comm, grad_accum: int = 1, claim_world=None):
-    cfg = ZeroConfig(stage=stage, bucket_numel=96, grad_accum=grad_accum)
+def build_engine(
+    model, stage: int, mpi_comm, grad_accum: int = 1, claim_world=None, checkpoint=False
+):
+    cfg = ZeroConfig(
+        stage=stage, bucket_numel=96, grad_accum=grad_accum, checkpoint_activations=checkpoint
+    )
     comm = comm_for(mpi_comm, cfg)
     if claim_world is not None:
         # Building an engine sends nothing, so a Comm that claims W ranks builds
@@ -86,10 +90,10 @@ def test_export_landing_buffer_is_the_ledgers_finish_peak(mpi_comm, stage):
     assert engine.memory.peak_bytes == est.model_states + landing
 
 
-def traced_peak_of_one_micro_step(model, batch: int, stage: int) -> int:
+def traced_peak_of_one_micro_step(model, batch: int, stage: int, checkpoint=False) -> int:
     """Peak bytes NumPy allocates during the engine's forward + backward (tracemalloc
     sees every NumPy array's data)."""
-    engine, _ = build_engine(model, stage, MPI.COMM_SELF)
+    engine, _ = build_engine(model, stage, MPI.COMM_SELF, checkpoint=checkpoint)
     rng = np.random.default_rng(0)
     vocab = model.config.vocab_size
     context = model.config.context
@@ -107,20 +111,28 @@ def traced_peak_of_one_micro_step(model, batch: int, stage: int) -> int:
 
 
 GPT_WIDE = GPT(GPTConfig(vocab_size=50, context=32, n_layer=2, n_head=4, d_model=64))
+GPT_DEEP = GPT(GPTConfig(103, context=64, n_layer=8, n_head=4, d_model=64))
 ACTIVATION_CASES = {
     "gpt-wide": (GPT_WIDE, 2, 0),
     "gpt-wide-stage3": (GPT_WIDE, 2, 3),
     "gpt-long-context": (GPT(GPTConfig(40, context=128, n_layer=2, n_head=8, d_model=32)), 2, 0),
     "gpt-deeper": (GPT(GPTConfig(103, context=64, n_layer=3, n_head=4, d_model=64)), 1, 0),
     "mlp": (CharMLP(MLPConfig(vocab_size=80, context=16, d_embed=32, d_hidden=512)), 256, 0),
+    "gpt-deep-checkpointed": (
+        GPT(GPTConfig(103, context=64, n_layer=8, n_head=4, d_model=64)),
+        2,
+        3,
+        True,
+    ),
+    "gpt-wide-checkpointed": (GPT_WIDE, 2, 0, True),
 }
 
 
 @pytest.mark.parametrize("case", sorted(ACTIVATION_CASES))
 def test_activations_within_15_percent_of_traced_peak(case):
-    model, batch, stage = ACTIVATION_CASES[case]
-    traced = traced_peak_of_one_micro_step(model, batch, stage)
-    estimated = activation_bytes(model, batch)
+    model, batch, stage, *checkpoint = ACTIVATION_CASES[case]
+    traced = traced_peak_of_one_micro_step(model, batch, stage, *checkpoint)
+    estimated = activation_bytes(model, batch, *checkpoint)
     assert abs(estimated / traced - 1) <= 0.15, (estimated, traced)
 
 
@@ -176,3 +188,8 @@ def test_cli_prints_a_table_per_stage(corpus, capsys):
 def test_cli_bad_flag_is_one_error(capsys):
     assert main(["--ranks", "0"]) == 2
     assert "--ranks 0" in capsys.readouterr().err
+
+
+def test_checkpointing_keeps_a_fraction_of_the_activations():
+    kept = traced_peak_of_one_micro_step(GPT_DEEP, 2, 3, checkpoint=True)
+    assert kept < 0.5 * traced_peak_of_one_micro_step(GPT_DEEP, 2, 3)

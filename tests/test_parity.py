@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -57,6 +58,7 @@ def options(model: st.SearchStrategy, deterministic: bool, worlds: list[int]):
             "lrs": st.lists(st.sampled_from(STEP_LRS), min_size=3, max_size=3),
             "steps": st.integers(1, 3),
             "seed": st.integers(0, 2**16),
+            "checkpoint_activations": st.booleans(),
             "deterministic": st.just(deterministic),
         }
     )
@@ -100,6 +102,7 @@ def pinned(model: dict, deterministic: bool = True, **changes) -> dict:
         "steps": 3,
         "seed": 7,
         "deterministic": deterministic,
+        "checkpoint_activations": False,
         **changes,
     }
 
@@ -204,6 +207,8 @@ def test_deterministic_replay_is_bitwise_oracle(mpi_pools, drawn):
 @example(drawn=pinned(MLP, stage=1, world=3, grad_accum=3, clip=None))
 @example(drawn=pinned(MLP, stage=2, world=4, grad_accum=2, bucket_numel=17))
 @example(drawn=pinned(MLP, stage=3, world=2, grad_accum=2, bucket_numel=64, clip=1e3))
+@example(drawn=pinned(MLP, stage=3, world=3, grad_accum=2, checkpoint_activations=True))
+@example(drawn=pinned(MLP, stage=0, world=2, grad_accum=1, checkpoint_activations=True))
 def test_deterministic_model_is_bitwise_oracle(mpi_pools, drawn):
     result = run(mpi_pools, drawn)
     check_bitwise(result)
@@ -248,7 +253,8 @@ def test_fast_mode_within_tolerance(mpi_pools, drawn):
         check_memory(result, drawn["world"])
 
 
-def test_stage3_gpt_holds_at_most_one_gathered_block(mpi_pools):
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_stage3_gpt_holds_at_most_one_gathered_block(mpi_pools, checkpoint):
     """Parameter bytes never exceed the shard; one reused buffer holds the gathered unit."""
     case = {
         "model": "gpt",
@@ -264,6 +270,7 @@ def test_stage3_gpt_holds_at_most_one_gathered_block(mpi_pools):
         "steps": 2,
         "seed": 0,
         "deterministic": True,
+        "checkpoint_activations": checkpoint,
     }
     result = mpi_pools(4).run(case)
     check_bitwise(result)

@@ -64,6 +64,9 @@ class ZeroConfig:
                   "skip" the step on every rank, leaving all state untouched.
     check_schedule  debug: ranks agree on each collective before entering it,
                   so a mismatch is an error naming both sides, not a hang.
+    checkpoint_activations  keep only each unit's input between forward and backward,
+                  and run its forward again before its backward (one unit's
+                  activations at a time, for a second forward's compute).
     """
 
     stage: int = 2
@@ -74,6 +77,7 @@ class ZeroConfig:
     optimizer: AdamWConfig = field(default_factory=AdamWConfig)
     nonfinite: str = "raise"
     check_schedule: bool = False
+    checkpoint_activations: bool = False
 
     def __post_init__(self) -> None:
         _require(
@@ -108,6 +112,12 @@ class ZeroConfig:
             isinstance(self.check_schedule, bool),
             "check_schedule",
             self.check_schedule,
+            "True or False",
+        )
+        _require(
+            isinstance(self.checkpoint_activations, bool),
+            "checkpoint_activations",
+            self.checkpoint_activations,
             "True or False",
         )
         _require(

@@ -109,7 +109,7 @@ def _bucket_bytes(layout: FlatLayout, bucket_numel: int, grad_accum: int) -> int
     return F32 * widest * (layout.world_size + (1 if grad_accum > 1 else 0))
 
 
-def gpt_activation_bytes(model: GPT, batch: int, seq: int) -> int:
+def gpt_activation_bytes(model: GPT, batch: int, seq: int, checkpoint: bool = False) -> int:
     """Peak bytes of one micro-step's activations, as zero_ref/models/gpt.py keeps them.
 
     Per block, backward needs (B, T, .) arrays of widths: ln1 xhat C, attention
@@ -128,6 +128,10 @@ def gpt_activation_bytes(model: GPT, batch: int, seq: int) -> int:
     mlp_backward = 13 * n * c  # act, d act, d pre (4C each) and d ln2-out
     attn_backward = 7 * n * c + att  # dh2, dx, dy, dqkv (3C), dh1, and d att
     block_backward = n * c + max(mlp_backward, attn_backward)  # + the incoming gradient
+    if checkpoint:  # each unit keeps its input; one unit's cache is rebuilt at a time
+        inputs = (cfg.n_layer + 1) * n * c + n * v  # block and head inputs, and the logits
+        head = (2 * n * c + n) + max(n * v, head_backward)  # its cache, new logits or backward
+        return F32 * (inputs + max(head, block + block_backward))
     return F32 * (kept + max(head_backward, block_backward))
 
 
@@ -142,10 +146,12 @@ def mlp_activation_bytes(model: CharMLP, batch: int) -> int:
     return F32 * (x + h + v + max(output_backward, hidden_backward))
 
 
-def activation_bytes(model: Model, micro_batch: int) -> int:
-    """Activations of one micro-batch (the context is the model's own)."""
+def activation_bytes(model: Model, micro_batch: int, checkpoint: bool = False) -> int:
+    """Activations of one micro-batch (the context is the model's own). With
+    checkpointing the GPT keeps only unit inputs; the MLP's three small units keep
+    about what they would anyway, so its count does not change."""
     if isinstance(model, GPT):
-        return gpt_activation_bytes(model, micro_batch, model.config.context)
+        return gpt_activation_bytes(model, micro_batch, model.config.context, checkpoint)
     if isinstance(model, CharMLP):
         return mlp_activation_bytes(model, micro_batch)
     raise TypeError(f"no activation estimate for {type(model).__name__}")
@@ -159,6 +165,7 @@ def estimate_rank(
     bucket_numel: int,
     grad_accum: int = 1,
     export: bool = False,
+    checkpoint: bool = False,
 ) -> RankEstimate:
     """One rank's peak for a run of `model` at `stage` on `world` ranks."""
     layout = model_layout(model, world)
@@ -168,9 +175,9 @@ def estimate_rank(
         numel=layout.numel,
         padded_numel=layout.full_numel,
         **state_bytes(layout, stage, bucket_numel, grad_accum),
-        activations=activation_bytes(model, micro_batch),
+        activations=activation_bytes(model, micro_batch, checkpoint),
         overhead=OVERHEAD_BYTES,
-        export=widest_unit_bytes(layout) if export else 0,
+        export=0,  # export streams views (stages 0-2) or through the gathered-unit buffer (3)
     )
 
 
@@ -187,6 +194,7 @@ def estimate_for(
         zero.bucket_numel,
         zero.grad_accum,
         export=bool(run.export),
+        checkpoint=zero.checkpoint_activations,
     )
 
 

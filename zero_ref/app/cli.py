@@ -154,6 +154,7 @@ def _zero_config(s: dict) -> ZeroConfig:
             optimizer=optimizer,
             nonfinite=s["nonfinite"],
             check_schedule=s["check_schedule"],
+            checkpoint_activations=s["checkpoint_activations"],
         )
     except ValueError as e:
         raise UsageError(f"bad value: {e}") from e

@@ -23,6 +23,7 @@ DEFAULTS = {
     "deterministic": False,
     "nonfinite": "raise",
     "check_schedule": False,
+    "checkpoint_activations": False,
     "lr": 3e-3,
     "weight_decay": 0.01,
     "betas": (0.9, 0.999),
@@ -139,6 +140,12 @@ def _engine_flags(g) -> None:
         choices=["raise", "skip"],
         help="a NaN/Inf gradient: raise an error naming the parameter, or skip the step on "
         "every rank with all state untouched" + _d("nonfinite"),
+    )
+    g.add_argument(
+        "--checkpoint-activations",
+        action="store_true",
+        help="keep only each unit's input between forward and backward and recompute "
+        "the rest: less memory, one more forward",
     )
     g.add_argument(
         "--check-schedule",

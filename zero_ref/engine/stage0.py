@@ -167,20 +167,31 @@ class Stage0DataParallel:
         return StepResult(self.step_count, loss, grad_norm, self.step_count == steps_before)
 
     def forward_backward(self, x: np.ndarray, targets: np.ndarray, micro: int) -> float:
-        """Forward unit by unit, the loss, backward in reverse; returns the loss."""
-        caches = []
+        """Forward unit by unit, the loss, backward in reverse; returns the loss.
+
+        With cfg.checkpoint_activations a unit keeps only its input between forward
+        and backward, and runs its forward again right before its backward (at stage
+        3 just after the gather backward needs anyway): the activations of one unit
+        at a time, for a second forward's compute. The recomputed cache is the same,
+        bit for bit, so results do not change."""
+        kept = []  # per unit: what its backward needs (its cache, or its input)
         for i, unit in enumerate(self.model.units):
             self.comm.set_context(where=f"micro-step {micro} forward {unit.name}")
+            x_in = x
             x, cache = unit.forward(self.unit_params(i), x)
             self.release_unit_params(i)
-            caches.append(cache)
+            kept.append(x_in if self.cfg.checkpoint_activations else cache)
+            cache = None
         loss, dout = self.model.loss(x, targets)
         for i in range(len(self.model.units) - 1, -1, -1):
             unit = self.model.units[i]
             self.comm.set_context(where=f"micro-step {micro} backward {unit.name}")
-            dout = unit.backward(self.unit_params(i), caches[i], dout, self.unit_grads(i))
+            params = self.unit_params(i)
+            cache = unit.forward(params, kept[i])[1] if self.cfg.checkpoint_activations else kept[i]
+            kept[i] = None
+            dout = unit.backward(params, cache, dout, self.unit_grads(i))
+            cache = None
             self.release_unit_params(i)
-            caches[i] = None
             self.on_unit_backward_done(i, micro)
         self.comm.set_context(where=f"micro-step {micro} gradient reduction")
         self.on_backward_done(micro)
@@ -243,27 +254,28 @@ class Stage0DataParallel:
         (a buffer this rank keeps whole is lent as a view, a sharded one is
         gathered one unit at a time into a landing buffer on rank 0 only)."""
         self.comm.set_context(where="consolidate")
-        landing = None
-        if self.rank == 0:
-            widest = max((u.padded_numel for u in self.layout.units), default=0)
-            landing = self.memory.hold("buffers", "landing", np.empty(widest, np.float32))
+        landing = None  # rank 0's, made when a sharded buffer first needs it
         for unit in self.layout.units:
             for kind in kinds:
-                flat = self._unit_on_root(kind, unit, landing)
+                whole, shard = self._state_buffers(kind)
+                if whole is not None:
+                    flat = whole[unit.full_slice()]  # lent as a view: no copy
+                else:
+                    if self.rank == 0 and landing is None:
+                        landing = self._landing_buffer()
+                    flat = None if landing is None else landing[: unit.padded_numel]
+                    if unit.padded_numel:
+                        self.comm.gather_to_root(shard[unit.shard_slice()], flat, "consolidate")
                 if self.rank == 0:
                     sink(kind, unit, flat)
-        if self.rank == 0:
+        if "landing" in self.memory.held["buffers"]:
             self.memory.drop("buffers", "landing")
 
-    def _unit_on_root(self, kind: str, unit: UnitLayout, landing: np.ndarray | None):
-        """Rank 0's copy of one unit of one state buffer (None on the other ranks)."""
-        whole, shard = self._state_buffers(kind)
-        if whole is not None:
-            return whole[unit.full_slice()]
-        flat = None if landing is None else landing[: unit.padded_numel]
-        if unit.padded_numel:
-            self.comm.gather_to_root(shard[unit.shard_slice()], flat, "consolidate")
-        return flat
+    def _landing_buffer(self) -> np.ndarray:
+        """Where rank 0 receives a sharded unit: a buffer of the widest unit, held while
+        streaming (stage 3 lends its idle gathered-unit buffer instead)."""
+        widest = max((u.padded_numel for u in self.layout.units), default=0)
+        return self.memory.hold("buffers", "landing", np.empty(widest, np.float32))
 
     def _state_buffers(self, kind: str) -> tuple[np.ndarray | None, np.ndarray | None]:
         """(the full buffer if this rank keeps it whole, else None; its shard buffer)."""

@@ -59,6 +59,11 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
         buffer's copy of a unit is stale now."""
         self.gathered_unit = None
 
+    def _landing_buffer(self) -> np.ndarray:
+        """Streaming overwrites the gathered-unit buffer: no second unit-sized buffer."""
+        self.gathered_unit = None
+        return self.gathered
+
     def _state_buffers(self, kind: str) -> tuple[np.ndarray | None, np.ndarray | None]:
         shards = {
             "param": self.shard_params,

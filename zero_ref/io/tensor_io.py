@@ -153,7 +153,7 @@ class SafetensorsWriter:
             raise ValueError(
                 f"{self.path}: expected {expected} {shape} next, got {name} {np.shape(tensor)}"
             )
-        self.f.write(np.ascontiguousarray(tensor, np.float32).tobytes())
+        self.f.write(np.ascontiguousarray(tensor, np.float32).data)  # no copy if contiguous
         self.next += 1
 
     def close(self) -> Path:
