@@ -8,12 +8,9 @@ job exits 1 if there were any (an exception aborts the whole job instead).
 
 from __future__ import annotations
 
-import os
-import sys
-import traceback
-
 import numpy as np
 from mpi4py import MPI
+from mpi_checks import run_checks  # beside this script, which runs by path
 
 from zero_ref.comm.collectives import Comm, MPIReduction, OrderedReduction
 
@@ -161,30 +158,16 @@ def check_errors(mpi: MPI.Comm, check: Checks) -> None:
             pass
 
 
-def main() -> int:
-    mpi = MPI.COMM_WORLD.Dup()
+def check_everything(mpi: MPI.Comm) -> list[str]:
     check = Checks(mpi.Get_rank())
-    try:
-        check(mpi.Get_size() > 1, "run me under mpirun with several ranks")
-        check_reductions(mpi, check)
-        check_gathers(mpi, check)
-        check_float64(mpi, check)
-        check_errors(mpi, check)
-    except Exception:
-        traceback.print_exc()
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(2)
-        os._exit(2)  # MPI_Abort can return; never go on to print "all checks passed"
-    everyone = mpi.gather(check.failures, root=0)
-    mpi.Free()
-    if MPI.COMM_WORLD.Get_rank() == 0:
-        failures = [f for per_rank in everyone for f in per_rank]
-        print("\n".join(failures) or f"all checks passed on {len(everyone)} ranks", flush=True)
-        return 1 if failures else 0
-    return 0
+    check(mpi.Get_size() > 1, "run me under mpirun with several ranks")
+    check_reductions(mpi, check)
+    check_gathers(mpi, check)
+    check_float64(mpi, check)
+    check_errors(mpi, check)
+    return check.failures
 
 
 if __name__ == "__main__":
-    code = main()
-    code = MPI.COMM_WORLD.allreduce(code, op=MPI.MAX)
-    sys.exit(code)
+    comm = MPI.COMM_WORLD.Dup()
+    run_checks(comm, lambda: check_everything(comm))

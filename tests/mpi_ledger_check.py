@@ -7,13 +7,11 @@ Prints one line per failed check, then "all checks passed on N ranks" from rank 
 
 from __future__ import annotations
 
-import os
-import sys
-import traceback
 import tracemalloc
 
 import numpy as np
 from mpi4py import MPI
+from mpi_checks import run_checks  # beside this script, which runs by path
 
 from zero_ref.comm.collectives import comm_for
 from zero_ref.config import ZeroConfig
@@ -65,26 +63,14 @@ def warm_up(world: MPI.Comm) -> None:
     )
 
 
-def main() -> int:
-    world = MPI.COMM_WORLD.Dup()
+def check_every_stage(world: MPI.Comm) -> list[str]:
     failures: list[str] = []
-    try:
-        warm_up(world)
-        for stage in (0, 1, 2, 3):
-            check_stage(world, stage, failures)
-    except Exception:
-        traceback.print_exc()
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(2)
-        os._exit(2)  # MPI_Abort can return
-    everyone = world.gather(failures, root=0)
-    if world.Get_rank() == 0:
-        failed = [f for per_rank in everyone for f in per_rank]
-        print("\n".join(failed) or f"all checks passed on {len(everyone)} ranks", flush=True)
-        return 1 if failed else 0
-    return 0
+    warm_up(world)
+    for stage in (0, 1, 2, 3):
+        check_stage(world, stage, failures)
+    return failures
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.exit(MPI.COMM_WORLD.allreduce(code, op=MPI.MAX))
+    comm = MPI.COMM_WORLD.Dup()
+    run_checks(comm, lambda: check_every_stage(comm))

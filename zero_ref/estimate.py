@@ -47,7 +47,6 @@ class RankEstimate:
     buffers: int  # bucket staging, unit scratch, the gathered unit
     activations: int  # what the model keeps for backward, at the worst moment of it
     overhead: int  # measured constant: MPI, malloc, Python (OVERHEAD_BYTES)
-    export: int  # rank 0's landing buffer during --export (finish phase only)
 
     @property
     def model_states(self) -> int:
@@ -164,7 +163,6 @@ def estimate_rank(
     micro_batch: int,
     bucket_numel: int,
     grad_accum: int = 1,
-    export: bool = False,
     checkpoint: bool = False,
 ) -> RankEstimate:
     """One rank's peak for a run of `model` at `stage` on `world` ranks."""
@@ -177,7 +175,6 @@ def estimate_rank(
         **state_bytes(layout, stage, bucket_numel, grad_accum),
         activations=activation_bytes(model, micro_batch, checkpoint),
         overhead=OVERHEAD_BYTES,
-        export=0,  # export streams views (stages 0-2) or through the gathered-unit buffer (3)
     )
 
 
@@ -193,7 +190,6 @@ def estimate_for(
         run.micro_batch_size,
         zero.bucket_numel,
         zero.grad_accum,
-        export=bool(run.export),
         checkpoint=zero.checkpoint_activations,
     )
 

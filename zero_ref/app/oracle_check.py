@@ -73,8 +73,7 @@ class OracleCheck:
             state = self._state_on_root()
             problem = None
             if self.oracle is not None:
-                params, moments = state["param"], state
-                problem = self._compare(result, inputs, targets, lr, params, moments)
+                problem = self._compare(result, inputs, targets, lr, state)
             agreed = engine.comm.allreduce_min_int64(0 if problem else 1, kind="check")
         if not agreed:
             raise OracleMismatchError(problem or "--check-oracle failed on rank 0 (its message)")
@@ -110,7 +109,7 @@ class OracleCheck:
         )
 
     # ---- rank 0
-    def _compare(self, result, inputs, targets, lr, params, moments) -> str | None:
+    def _compare(self, result, inputs, targets, lr, state) -> str | None:
         oracle, step = self.oracle, result.step
         self.summary.steps += 1
         self._last_diff = 0.0
@@ -118,9 +117,9 @@ class OracleCheck:
             return None
         loss = oracle.model_step(self.model, inputs, targets, lr)
         engine_flat = {
-            "parameter": oracle.flatten(params),
-            "exp_avg": oracle.flatten(moments["exp_avg"]),
-            "exp_avg_sq": oracle.flatten(moments["exp_avg_sq"]),
+            "parameter": oracle.flatten(state["param"]),
+            "exp_avg": oracle.flatten(state["exp_avg"]),
+            "exp_avg_sq": oracle.flatten(state["exp_avg_sq"]),
         }
         oracle_flat = {
             "parameter": oracle.params,
