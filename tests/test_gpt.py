@@ -12,10 +12,11 @@ import pytest
 from zero_ref.models import layers
 from zero_ref.models.gpt import (
     GPT,
-    Block,
+    AttentionBranch,
     Embeddings,
     GPTConfig,
     Head,
+    MLPBranch,
     generate,
     param_numel,
 )
@@ -257,9 +258,10 @@ def test_embeddings_gradcheck():
     check_unit_backward(unit, ids, unit_params64(unit, seed=0))
 
 
+@pytest.mark.parametrize("branch", [AttentionBranch, MLPBranch])
 @pytest.mark.parametrize("T", [1, 4])
-def test_block_gradcheck(T):
-    unit = Block(TINY, index=0)
+def test_block_gradcheck(T, branch):
+    unit = branch(TINY, index=0)
     check_unit_backward(unit, _x64(2, T, 8), unit_params64(unit, seed=0))
 
 
@@ -330,7 +332,14 @@ def test_causal_mask_holds():
 def test_param_count_formula():
     model = GPT(TINY)
     assert param_numel(TINY) == sum(s.numel for u in model.units for s in u.param_specs())
-    assert [u.name for u in model.units] == ["embed", "block0", "block1", "head"]
+    assert [u.name for u in model.units] == [
+        "embed",
+        "block0.attn",
+        "block0.mlp",
+        "block1.attn",
+        "block1.mlp",
+        "head",
+    ]
 
 
 @pytest.mark.parametrize(

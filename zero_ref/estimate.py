@@ -111,26 +111,29 @@ def _bucket_bytes(layout: FlatLayout, bucket_numel: int, grad_accum: int) -> int
 def gpt_activation_bytes(model: GPT, batch: int, seq: int, checkpoint: bool = False) -> int:
     """Peak bytes of one micro-step's activations, as zero_ref/models/gpt.py keeps them.
 
-    Per block, backward needs (B, T, .) arrays of widths: ln1 xhat C, attention
-    input C, qkv 3C, merged heads C, ln2 xhat C, MLP input C, pre-activation 4C,
-    GELU gate 4C (16 C), two (B, T) rstd rows, and the (B, nh, T, T) attention
-    probabilities. The logits (B, T, V) and the head's cache (2 C wide: the
-    engine's loop variable `cache` still holds it) live through all of backward. The worst moment is
+    Per block, backward needs (B, T, .) arrays of widths: the attention
+    branch's ln xhat C, attention input C, qkv 3C, merged heads C (6 C) and the
+    (B, nh, T, T) attention probabilities; the MLP branch's ln xhat C, MLP input
+    C, pre-activation 4C, GELU gate 4C (10 C); and a (B, T) rstd row each. The
+    logits (B, T, V) and the head's cache (2 C wide: the engine's loop variable
+    `cache` still holds it) live through all of backward. The worst moment is
     the backward of the last block (its MLP makes three 4C-wide transients; its
     attention a second (B, nh, T, T)) or the head's (dlogits, a second (B, T, V))."""
     cfg = model.config
     n, c, v = batch * seq, cfg.d_model, cfg.vocab_size
     att = batch * cfg.n_head * seq * seq
-    block = 16 * n * c + 2 * n + att
+    attn_cache, mlp_cache = 6 * n * c + n + att, 10 * n * c + n
+    block = attn_cache + mlp_cache
     kept = cfg.n_layer * block + (2 * n * c + n) + n * v  # + the head's cache and the logits
     head_backward = n * v + 2 * n * c  # dlogits, dh and dx
-    mlp_backward = 13 * n * c  # act, d act, d pre (4C each) and d ln2-out
-    attn_backward = 7 * n * c + att  # dh2, dx, dy, dqkv (3C), dh1, and d att
+    mlp_backward = 13 * n * c  # act, d act, d pre (4C each) and d ln-out
+    attn_backward = 7 * n * c + att  # the MLP's dx, dx, dy, dqkv (3C), dh, and d att
     block_backward = n * c + max(mlp_backward, attn_backward)  # + the incoming gradient
     if checkpoint:  # each unit keeps its input; one unit's cache is rebuilt at a time
-        inputs = (cfg.n_layer + 1) * n * c + n * v  # block and head inputs, and the logits
+        inputs = (2 * cfg.n_layer + 1) * n * c + n * v  # branch and head inputs, the logits
         head = (2 * n * c + n) + max(n * v, head_backward)  # its cache, new logits or backward
-        return F32 * (inputs + max(head, block + block_backward))
+        rebuilt = n * c + max(attn_cache + attn_backward, mlp_cache + mlp_backward)
+        return F32 * (inputs + max(head, rebuilt))
     return F32 * (kept + max(head_backward, block_backward))
 
 

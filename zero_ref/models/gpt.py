@@ -1,9 +1,10 @@
 """A small decoder-only GPT (GPT-2 layout, pre-LN, untied head) as ZeRO units.
 
-The model is the unit list [Embeddings, Block * n_layer, Head]; each unit is
-one ZeRO-3 gather unit, so stage 3 holds at most one block's full parameters
-at a time. The math lives in `transformer.py` and `layers.py`; this file only
-names the parameters, wires the residual stream and caches what backward needs.
+The model is the unit list [Embeddings, (AttentionBranch, MLPBranch) * n_layer,
+Head]; each unit is one ZeRO-3 gather unit, so stage 3 holds at most one
+branch's full parameters at a time (the MLP's 8C^2, two thirds of a block).
+The math lives in `transformer.py` and `layers.py`; this file only names the
+parameters, wires the residual stream and caches what backward needs.
 """
 
 from __future__ import annotations
@@ -11,12 +12,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import NamedTuple
 
 import numpy as np
 
 from zero_ref.models.layers import (
-    LayerNormCache,
     cross_entropy,
     embedding_backward,
     embedding_forward,
@@ -98,81 +97,117 @@ class Embeddings:
         return None
 
 
-class BlockCache(NamedTuple):
-    ln1: LayerNormCache
-    attn: AttentionCache
-    ln2: LayerNormCache
-    mlp: MLPCache
+class ResidualBranch:
+    """One pre-LN residual branch: x + f(ln(x)). A GPT block is two of them,
+    attention then MLP, and each is its own ZeRO-3 gather unit: stage 3 then
+    holds one branch's parameters at a time (at most 8C^2, the MLP's), not a
+    whole block's 12C^2. DeepSpeed gathers per submodule for the same reason.
+
+    Subclasses name their parameters after the layer norm's and implement
+    `branch_forward(p, h) -> (y, cache)` and `branch_backward(p, cache, dy, g) -> dh`.
+    """
+
+    def __init__(self, config: GPTConfig, index: int, kind: str) -> None:
+        self.name = f"block{index}.{kind}"
+        self.config = config
+
+    def ln_specs(self) -> list[ParamSpec]:
+        C = self.config.d_model
+        return [ParamSpec("ln.gain", (C,), "ones"), ParamSpec("ln.bias", (C,), "zeros")]
+
+    def proj_init(self) -> str:
+        # GPT-2 scales the projections into the residual stream down by depth,
+        # so the stream's variance does not grow with n_layer.
+        return f"normal:{0.02 / math.sqrt(2 * self.config.n_layer)}"
+
+    def forward(self, p: Params, x: np.ndarray) -> tuple[np.ndarray, tuple]:
+        h, ln = layernorm_forward(x, p["ln.gain"], p["ln.bias"])
+        y, cache = self.branch_forward(p, h)
+        return x + y, (ln, cache)  # (B, T, C) residual stream
+
+    def backward(self, p: Params, cache: tuple, dout: np.ndarray, g: Params) -> np.ndarray:
+        ln, branch = cache
+        dh = self.branch_backward(p, branch, dout, g)
+        # The residual passes dout through untouched; the branch adds its own part.
+        return dout + layernorm_backward(ln, p["ln.gain"], dh, g["ln.gain"], g["ln.bias"])
 
 
-class Block:
-    """One pre-LN transformer block: x + attn(ln1(x)), then + mlp(ln2(x))."""
+class AttentionBranch(ResidualBranch):
+    """x + attn(ln(x)): causal multi-head self-attention, 4C^2 + 7C parameters."""
 
     def __init__(self, config: GPTConfig, index: int) -> None:
-        self.name = f"block{index}"
-        self.config = config
+        super().__init__(config, index, "attn")
 
     def param_specs(self) -> list[ParamSpec]:
         C = self.config.d_model
-        # GPT-2 scales the projections into the residual stream down by depth,
-        # so the stream's variance does not grow with n_layer.
-        proj = f"normal:{0.02 / math.sqrt(2 * self.config.n_layer)}"
         return [
-            ParamSpec("ln1.gain", (C,), "ones"),
-            ParamSpec("ln1.bias", (C,), "zeros"),
-            ParamSpec("attn.qkv.weight", (C, 3 * C), "normal:0.02"),
-            ParamSpec("attn.qkv.bias", (3 * C,), "zeros"),
-            ParamSpec("attn.proj.weight", (C, C), proj),
-            ParamSpec("attn.proj.bias", (C,), "zeros"),
-            ParamSpec("ln2.gain", (C,), "ones"),
-            ParamSpec("ln2.bias", (C,), "zeros"),
-            ParamSpec("mlp.fc.weight", (C, 4 * C), "normal:0.02"),
-            ParamSpec("mlp.fc.bias", (4 * C,), "zeros"),
-            ParamSpec("mlp.proj.weight", (4 * C, C), proj),
-            ParamSpec("mlp.proj.bias", (C,), "zeros"),
+            *self.ln_specs(),
+            ParamSpec("qkv.weight", (C, 3 * C), "normal:0.02"),
+            ParamSpec("qkv.bias", (3 * C,), "zeros"),
+            ParamSpec("proj.weight", (C, C), self.proj_init()),
+            ParamSpec("proj.bias", (C,), "zeros"),
         ]
 
-    def forward(self, p: Params, x: np.ndarray) -> tuple[np.ndarray, BlockCache]:
-        h1, ln1 = layernorm_forward(x, p["ln1.gain"], p["ln1.bias"])
-        a, attn = attention_forward(
-            h1,
-            p["attn.qkv.weight"],
-            p["attn.qkv.bias"],
-            p["attn.proj.weight"],
-            p["attn.proj.bias"],
+    def branch_forward(self, p: Params, h: np.ndarray) -> tuple[np.ndarray, AttentionCache]:
+        return attention_forward(
+            h,
+            p["qkv.weight"],
+            p["qkv.bias"],
+            p["proj.weight"],
+            p["proj.bias"],
             self.config.n_head,
         )
-        x = x + a  # (B, T, C) residual stream
-        h2, ln2 = layernorm_forward(x, p["ln2.gain"], p["ln2.bias"])
-        m, mlp = mlp_forward(
-            h2, p["mlp.fc.weight"], p["mlp.fc.bias"], p["mlp.proj.weight"], p["mlp.proj.bias"]
-        )
-        return x + m, BlockCache(ln1, attn, ln2, mlp)
 
-    def backward(self, p: Params, cache: BlockCache, dout: np.ndarray, g: Params) -> np.ndarray:
-        # The residual passes dout through untouched; each branch adds its own part.
-        dh2 = mlp_backward(
-            cache.mlp,
-            p["mlp.fc.weight"],
-            p["mlp.proj.weight"],
-            dout,
-            g["mlp.fc.weight"],
-            g["mlp.fc.bias"],
-            g["mlp.proj.weight"],
-            g["mlp.proj.bias"],
+    def branch_backward(
+        self, p: Params, cache: AttentionCache, dy: np.ndarray, g: Params
+    ) -> np.ndarray:
+        return attention_backward(
+            cache,
+            p["qkv.weight"],
+            p["proj.weight"],
+            dy,
+            g["qkv.weight"],
+            g["qkv.bias"],
+            g["proj.weight"],
+            g["proj.bias"],
         )
-        dx = dout + layernorm_backward(cache.ln2, p["ln2.gain"], dh2, g["ln2.gain"], g["ln2.bias"])
-        dh1 = attention_backward(
-            cache.attn,
-            p["attn.qkv.weight"],
-            p["attn.proj.weight"],
-            dx,
-            g["attn.qkv.weight"],
-            g["attn.qkv.bias"],
-            g["attn.proj.weight"],
-            g["attn.proj.bias"],
+
+
+class MLPBranch(ResidualBranch):
+    """x + mlp(ln(x)): C -> 4C -> GELU -> C, 8C^2 + 7C parameters."""
+
+    def __init__(self, config: GPTConfig, index: int) -> None:
+        super().__init__(config, index, "mlp")
+
+    def param_specs(self) -> list[ParamSpec]:
+        C = self.config.d_model
+        return [
+            *self.ln_specs(),
+            ParamSpec("fc.weight", (C, 4 * C), "normal:0.02"),
+            ParamSpec("fc.bias", (4 * C,), "zeros"),
+            ParamSpec("proj.weight", (4 * C, C), self.proj_init()),
+            ParamSpec("proj.bias", (C,), "zeros"),
+        ]
+
+    def branch_forward(self, p: Params, h: np.ndarray) -> tuple[np.ndarray, MLPCache]:
+        return mlp_forward(h, p["fc.weight"], p["fc.bias"], p["proj.weight"], p["proj.bias"])
+
+    def branch_backward(self, p: Params, cache: MLPCache, dy: np.ndarray, g: Params) -> np.ndarray:
+        return mlp_backward(
+            cache,
+            p["fc.weight"],
+            p["proj.weight"],
+            dy,
+            g["fc.weight"],
+            g["fc.bias"],
+            g["proj.weight"],
+            g["proj.bias"],
         )
-        return dx + layernorm_backward(cache.ln1, p["ln1.gain"], dh1, g["ln1.gain"], g["ln1.bias"])
+
+
+def block(config: GPTConfig, index: int) -> list[Unit]:
+    """Transformer block `index` (pre-LN): its attention branch, then its MLP branch."""
+    return [AttentionBranch(config, index), MLPBranch(config, index)]
 
 
 class Head:
@@ -201,11 +236,11 @@ class Head:
 
 
 class GPT:
-    """The unit list [embed, block0 .. block{n-1}, head] and its cross-entropy loss."""
+    """The unit list [embed, block0.attn, block0.mlp, .., head] and its cross-entropy loss."""
 
     def __init__(self, config: GPTConfig) -> None:
         self.config = config
-        blocks = [Block(config, i) for i in range(config.n_layer)]
+        blocks = [unit for i in range(config.n_layer) for unit in block(config, i)]
         self.units: list[Unit] = [Embeddings(config), *blocks, Head(config)]
 
     def loss(self, output: np.ndarray, targets: np.ndarray) -> tuple[float, np.ndarray]:
