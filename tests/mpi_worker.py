@@ -19,10 +19,14 @@ import traceback
 import numpy as np
 from mpi4py import MPI
 
+from zero_ref.app.resume import restore
+from zero_ref.checkpoint.reader import Checkpoint
+from zero_ref.checkpoint.writer import save_checkpoint
 from zero_ref.comm.collectives import comm_for
 from zero_ref.config import AdamWConfig, ZeroConfig
 from zero_ref.engine import make_engine
 from zero_ref.engine.memory import fp32_formula_bytes
+from zero_ref.layout.flat import tensor_views
 from zero_ref.models.unit import init_params
 from zero_ref.oracle import Oracle
 from zero_ref.testing.replay import ReplayModel
@@ -68,6 +72,10 @@ def full_equals_everywhere(comm: MPI.Comm, full: dict[str, np.ndarray]) -> bool:
 
 
 def run_case(case: dict, world: MPI.Comm) -> dict | None:
+    """A parity case. With "resume_from" the engine starts from that checkpoint and the
+    oracle first replays the saved run's "history" ([{world, steps, lrs}], at those
+    world sizes); with "save_to" the engine saves a checkpoint after its steps. Both
+    go through zero_ref.checkpoint, as the trainer does."""
     opt = AdamWConfig(lr=case["lr"], weight_decay=case["weight_decay"])
     cfg = ZeroConfig(
         stage=case["stage"],
@@ -81,12 +89,21 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
     model, batches = build_model(case)
     init = init_params(model, case["seed"])
     comm = comm_for(world, cfg)
-    engine = make_engine(model, init, cfg, comm)
-    oracle = Oracle(init, opt, cfg.clip) if comm.rank == 0 else None
     k, w, steps = cfg.grad_accum, comm.size, []
+    oracle = Oracle(init, opt, cfg.clip) if comm.rank == 0 else None
+    first = 0
+    if case.get("resume_from"):
+        checkpoint = Checkpoint(case["resume_from"])
+        engine = make_engine(model, checkpoint.source("param"), cfg, comm)
+        first = restore(engine, checkpoint)
+        checkpoint.close()
+        if oracle is not None:
+            replay_history(oracle, model, batches, case["history"], k)
+    else:
+        engine = make_engine(model, init, cfg, comm)
     lrs = case.get("lrs") or [None] * case["steps"]  # a schedule's lr per step; None: cfg's
     for step in range(case["steps"]):
-        inputs, targets = batches(step, k, w)
+        inputs, targets = batches(first + step, k, w)
         lr = lrs[step]
         result = engine.train_step(inputs[:, comm.rank], targets[:, comm.rank], lr=lr)
         full = engine.full_parameters()
@@ -95,6 +112,9 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
             oracle_loss = oracle.model_step(model, inputs, targets, lr)
             steps.append(compare(full, oracle.parameters(), same, result, oracle, oracle_loss))
             print(f"STEP {step + 1}", flush=True)
+    state = consolidated_optimizer_state(engine)
+    if case.get("save_to"):
+        save_checkpoint(engine, case["save_to"], first + case["steps"], {"case": case})
     held = engine.memory.bytes_by_category()
     everyone = world.gather(held, root=0)
     if comm.rank != 0:
@@ -102,6 +122,8 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
     formula = fp32_formula_bytes(cfg.stage, engine.layout.full_numel, w, k)
     return {
         "steps": steps,
+        "optimizer_state_bitwise": optimizer_state_matches(state, oracle),
+        "step_count": [engine.step_count, oracle.step_count],
         "memory": everyone,
         "formula": formula,
         "peak_params": engine.memory.peak_by_category["params"],
@@ -111,6 +133,40 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
         "numel": engine.layout.numel,
         **plan(engine),
     }
+
+
+def replay_history(oracle: Oracle, model, batches, history: list[dict], k: int) -> None:
+    """The oracle takes the saved run's steps, each at the world size it ran at."""
+    step = 0
+    for phase in history:
+        for lr in phase["lrs"]:
+            inputs, targets = batches(step, k, phase["world"])
+            oracle.model_step(model, inputs, targets, lr)
+            step += 1
+
+
+def consolidated_optimizer_state(engine) -> dict[str, dict[str, np.ndarray]]:
+    """AdamW's m and v, every tensor whole, on rank 0 ({} elsewhere)."""
+    state: dict[str, dict[str, np.ndarray]] = {"exp_avg": {}, "exp_avg_sq": {}}
+
+    def keep(kind, unit, flat):
+        for name, tensor in tensor_views(flat, unit).items():
+            state[kind][f"{unit.name}.{name}"] = tensor.copy()
+
+    engine.stream_state(["exp_avg", "exp_avg_sq"], keep)
+    return state
+
+
+def optimizer_state_matches(state: dict, oracle: Oracle) -> bool:
+    expected = {
+        "exp_avg": oracle.unflatten(oracle.exp_avg),
+        "exp_avg_sq": oracle.unflatten(oracle.exp_avg_sq),
+    }
+    return all(
+        np.array_equal(state[kind][n].view(np.uint32), expected[kind][n].view(np.uint32))
+        for kind in expected
+        for n in expected[kind]
+    )
 
 
 def plan(engine) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import time
+import zlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,7 +19,15 @@ from zero_ref.app.output_paths import check_output_paths, output_paths, remove_s
 from zero_ref.app.process_memory import PhasePeaks
 from zero_ref.app.progress import Progress
 from zero_ref.app.report import comm_table, memory_table, rank_report, rss_table
+from zero_ref.app.resume import (
+    describe_resume,
+    open_checkpoint,
+    restore,
+    training_record,
+    verify_everywhere,
+)
 from zero_ref.app.tasks import Task, build_task, describe_params
+from zero_ref.checkpoint.writer import save_checkpoint
 from zero_ref.comm.ledger import expected_sent_bytes, paper_sent_bytes
 from zero_ref.engine.init_source import FileInit, InitSource, RandomInit
 from zero_ref.engine.memory import fp32_formula_bytes
@@ -27,17 +36,25 @@ from zero_ref.io.tensor_io import SafetensorsWriter
 from zero_ref.layout.flat import tensor_views
 
 
-def prepare(parsed: Parsed, world: int) -> tuple[Task, InitSource, object, np.ndarray]:
+def prepare(parsed: Parsed, world: int) -> tuple[Task, InitSource, object, np.ndarray, object]:
     """Corpus, task and where the initial parameters come from: all checks before the
     first collective. No parameter is drawn or read yet: each rank will take only its
-    own share (zero_ref/engine/init_source.py)."""
+    own share (zero_ref/engine/init_source.py). With --resume the checkpoint's
+    manifest is read and checked against the model here."""
     run, zero = parsed.run, parsed.zero
     check_output_paths(run)  # before any work: a bad --export must not cost a run
     vocab, tokens = encode_corpus(load_text(run.data))
     task = build_task(run, vocab, tokens, world, zero.grad_accum)
     task.batches(0)  # a corpus too short for one batch fails here, on every rank alike
-    init = FileInit(run.init, task.model) if run.init else RandomInit(task.model, run.seed)
-    return task, init, vocab, tokens
+    checkpoint = None
+    if run.resume:
+        checkpoint = open_checkpoint(parsed, task.model)
+        init = checkpoint.source("param")
+    elif run.init:
+        init = FileInit(run.init, task.model)
+    else:
+        init = RandomInit(task.model, run.seed)
+    return task, init, vocab, tokens, checkpoint
 
 
 def train(parsed: Parsed, mpi_comm) -> None:
@@ -49,11 +66,17 @@ def train(parsed: Parsed, mpi_comm) -> None:
     warm_up_kernels()  # their compilation is part of the baseline, not of ZeRO's memory
     phases = PhasePeaks()
     comm = comm_for(mpi_comm, zero)
-    task, init, vocab, tokens = prepare(parsed, comm.size)
+    task, init, vocab, tokens, checkpoint = prepare(parsed, comm.size)
     refuse_if_it_cannot_fit(parsed, task, comm)
+    t0 = time.perf_counter()
+    if checkpoint:
+        verify_everywhere(checkpoint, comm)  # a damaged file stops every rank here
+    verify_s = time.perf_counter() - t0
     engine = make_engine(task.model, init, zero, comm)
+    first = restore(engine, checkpoint) if checkpoint else 0
+    load_s = comm.mpi.allreduce(time.perf_counter() - t0, op=max_op())
     phases.end("init")
-    progress = Progress(run, comm.rank == 0)
+    progress = Progress(run, comm.rank == 0, first)
     progress.say(
         f"zero_ref {__version__}: {run.model}, stage {zero.stage}, {comm.size} ranks, "
         f"{engine.layout.numel:,} parameters, vocab {vocab.size}, "
@@ -62,9 +85,24 @@ def train(parsed: Parsed, mpi_comm) -> None:
     )
     for note in parsed.notes:
         progress.always(note)
-    check = OracleCheck(engine, init, zero, task.model) if run.check_oracle else None
-    log = open_log(run, comm.rank == 0, progress)
-    for step in range(run.steps):
+    check = OracleCheck(engine, zero, task.model) if run.check_oracle else None
+    log = open_log(run, comm.rank == 0, progress, first if checkpoint else None)
+    if checkpoint:
+        for line in describe_resume(checkpoint, parsed, comm.size):
+            progress.always(line)
+        if checkpoint.manifest["training"]["data"]["corpus_crc32"] != zlib.crc32(tokens.data):
+            progress.always("resume: the corpus differs from the one the checkpoint saw")
+        loaded = {"resumed_from": str(checkpoint.folder), "after_step": first}
+        loaded |= {"bytes": checkpoint.total_bytes(), "verify_s": verify_s, "load_s": load_s}
+        progress.say(
+            f"loaded {loaded['bytes'] / 1e6:,.1f} MB in {load_s:.2f} s "
+            f"({loaded['bytes'] / load_s / 1e9:.2f} GB/s, CRC-32 checks {verify_s:.2f} s of it)"
+        )
+        if log:
+            log.write(loaded)
+    saver = Saver(parsed, engine, tokens, progress, log)
+    last = min(run.steps, run.stop_at_step or run.steps)
+    for step in range(first, last):
         step_started(step + 1, engine)  # for error messages; fires ZERO_REF_INJECT_FAULT
         inputs, targets = task.batches(step)
         lr = run.lr_schedule(step + 1)
@@ -72,7 +110,7 @@ def train(parsed: Parsed, mpi_comm) -> None:
         result = engine.train_step(inputs[:, comm.rank], targets[:, comm.rank], lr=lr)
         step_s = time.perf_counter() - t0
         record = {
-            "step": result.step,
+            "step": step + 1,
             "loss": result.loss,
             "lr": lr,
             "grad_norm": result.grad_norm,
@@ -86,11 +124,48 @@ def train(parsed: Parsed, mpi_comm) -> None:
         progress.update(record)
         if log:
             log.write(record)
+        if run.save_every and (step + 1) % run.save_every == 0:
+            saver.save(step + 1)
     progress.close()
     phases.end("train")
     if check:
         progress.always(check.describe())
+    if checkpoint:
+        checkpoint.close()
+    if run.save_dir and saver.last_saved != max(first, last):
+        saver.save(max(first, last))
     finish(parsed, engine, task, log, phases)
+
+
+class Saver:
+    """--save-dir: a checkpoint after the steps asked for (a collective)."""
+
+    def __init__(self, parsed: Parsed, engine, tokens, progress: Progress, log) -> None:
+        self.parsed, self.engine, self.tokens, self.progress = parsed, engine, tokens, progress
+        self.log = log  # rank 0's --log-jsonl, or None
+        self.last_saved: int | None = None
+
+    def save(self, step: int) -> None:
+        run = self.parsed.run
+        training = training_record(self.parsed, step, self.engine, self.tokens)
+        with self.engine.comm.ledger.off_the_books():
+            result = save_checkpoint(self.engine, run.save_dir, step, training, run.keep_last)
+        for name in result.removed:
+            self.progress.always(f"removed {name}, left by a save that was killed")
+        self.progress.say(result.describe())
+        for name in result.pruned:
+            self.progress.say(f"removed checkpoint {name} (--keep-last {run.keep_last})")
+        if self.log:
+            folder, size, seconds = str(result.folder), result.bytes, result.seconds
+            record = {"checkpoint": folder, "after_step": step, "bytes": size, "save_s": seconds}
+            self.log.write(record)
+        self.last_saved = step
+
+
+def max_op():
+    from mpi4py import MPI
+
+    return MPI.MAX
 
 
 def refuse_if_it_cannot_fit(parsed: Parsed, task: Task, comm) -> None:
@@ -118,14 +193,17 @@ def warm_up_kernels() -> None:
     a @ a
 
 
-def open_log(run, is_root: bool, progress: Progress) -> JsonlLog | None:
-    """Rank 0's --log-jsonl, after removing what a killed earlier writer left."""
+def open_log(
+    run, is_root: bool, progress: Progress, after_step: int | None = None
+) -> JsonlLog | None:
+    """Rank 0's --log-jsonl, after removing what a killed earlier writer left; a resumed
+    run continues the log after its checkpoint's step."""
     if not is_root:
         return None
     for path in output_paths(run).values():
         for stale in remove_stale_temporaries(path):
             progress.always(f"removed {stale}, left by a writer that was killed")
-    return JsonlLog(run.log_jsonl) if run.log_jsonl else None
+    return JsonlLog(run.log_jsonl, after_step) if run.log_jsonl else None
 
 
 def finish(parsed: Parsed, engine, task: Task, log: JsonlLog | None, phases: PhasePeaks) -> None:
@@ -216,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SystemExit as e:  # --help
             return int(e.code or 0)
         if parsed.run.print_params:
-            task, _, _, _ = prepare(parsed, world.size)
+            task, *_ = prepare(parsed, world.size)
             if world.rank == 0:
                 print(describe_params(task.model))
             return 0

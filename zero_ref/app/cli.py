@@ -33,6 +33,11 @@ class RunConfig:
     init: str | None
     export: str | None
     log_jsonl: str | None
+    save_dir: str | None
+    save_every: int | None
+    keep_last: int | None
+    resume: str | None
+    stop_at_step: int | None
     check_oracle: bool
     print_params: bool
     sample_chars: int
@@ -61,6 +66,7 @@ def parse_args(argv: Sequence[str] | None, world_size: int = 1, rank: int = 0) -
     if "micro_batch_size" in file.settings or "micro_batch_size" in given:
         s["batch_size"] = {**file.settings, **given}.get("batch_size")  # derive it instead
     _check_ranges(s)
+    _check_checkpoint_flags(s)
     s["batch_size"], s["micro_batch_size"], s["grad_accum"] = resolve_batch(
         s["batch_size"], s["micro_batch_size"], s["grad_accum"], world_size
     )
@@ -127,6 +133,9 @@ POSITIVE = (
     "grad_accum",
     "batch_size",
     "micro_batch_size",
+    "save_every",
+    "keep_last",
+    "stop_at_step",
 )
 NON_NEGATIVE = ("seed", "sample_chars", "clip", "warmup_steps", "min_lr")
 
@@ -138,6 +147,22 @@ def _check_ranges(s: dict) -> None:
     for k in NON_NEGATIVE:
         if s[k] is not None and s[k] < 0:
             raise UsageError(f"--{k.replace('_', '-')} {s[k]} is not allowed: it must be >= 0")
+
+
+def _check_checkpoint_flags(s: dict) -> None:
+    for key in ("save_every", "keep_last"):
+        if s[key] is not None and not s["save_dir"]:
+            raise UsageError(f"--{key.replace('_', '-')} needs --save-dir: where to save")
+    if s["resume"] and s["init"]:
+        raise UsageError(
+            "--resume and --init both give the starting parameters: use one "
+            "(--resume also restores AdamW's state, the step and the data position)"
+        )
+    if s["stop_at_step"] is not None and s["stop_at_step"] > s["steps"]:
+        raise UsageError(
+            f"--stop-at-step {s['stop_at_step']} is past --steps {s['steps']}: it must be "
+            "at most the run's length"
+        )
 
 
 def _zero_config(s: dict) -> ZeroConfig:

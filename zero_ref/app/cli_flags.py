@@ -43,6 +43,11 @@ DEFAULTS = {
     "init": None,
     "export": None,
     "log_jsonl": None,
+    "save_dir": None,
+    "save_every": None,
+    "keep_last": None,
+    "resume": None,
+    "stop_at_step": None,
     "config": None,
     "print_params": False,
     "model": "gpt",
@@ -95,6 +100,7 @@ def build_parser(rank: int = 0) -> argparse.ArgumentParser:
     _optimizer_flags(p.add_argument_group("optimizer (AdamW) and schedule"))
     _run_flags(p.add_argument_group("run"))
     _file_flags(p.add_argument_group("files"))
+    _checkpoint_flags(p.add_argument_group("checkpoints (docs/checkpoints.md)"))
     _model_flags(p.add_argument_group("model"))
     return p
 
@@ -218,6 +224,29 @@ def _file_flags(g) -> None:
         "--log-jsonl",
         help="one JSON object per step; the last holds every "
         "rank's memory and communication ledger",
+    )
+
+
+def _checkpoint_flags(g) -> None:
+    g.add_argument(
+        "--save-dir",
+        help="save checkpoints into this folder (DIR/step_000123/, DIR/latest), "
+        "always at the end of the run",
+    )
+    g.add_argument("--save-every", type=int, help="also save every N steps (needs --save-dir)")
+    g.add_argument(
+        "--keep-last", type=int, help="keep only the newest K checkpoints (default: all)"
+    )
+    g.add_argument(
+        "--resume",
+        help="continue from a checkpoint: a folder (its latest tag) or DIR/step_000123; "
+        "any world size and stage",
+    )
+    g.add_argument(
+        "--stop-at-step",
+        type=int,
+        help="end the run after step N (saving a checkpoint with --save-dir), keeping --steps "
+        "as the schedule's length: for a run split over several jobs",
     )
 
 

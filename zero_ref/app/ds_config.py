@@ -151,11 +151,39 @@ def parse_config(raw: dict) -> ParsedConfig:
                 out.not_implemented.append(f"{key} = true (zero_ref divides after the sum)")
             else:
                 out.no_effect.append(key)
+        elif key == "checkpoint":
+            _checkpoint(_section(key, value), out)
         elif key in NO_EFFECT:
             out.no_effect.append(key)
         else:
             out.unknown.append(key)
     return out
+
+
+def _checkpoint(section: dict, out: ParsedConfig) -> None:
+    """DeepSpeed's "checkpoint" section. Its save folder is an API argument there
+    (--save-dir here); what its keys switch on, zero_ref always does."""
+    for key, value in section.items():
+        name = f"checkpoint.{key}"
+        if key == "tag_validation":
+            if not isinstance(value, str) or value.lower() not in ("ignore", "warn", "fail"):
+                raise ConfigError(f"config {name} = {value!r}: allowed 'Ignore', 'Warn', 'Fail'")
+            if value.lower() == "fail":
+                out.no_effect.append(f"{name} (zero_ref always refuses a bad checkpoint)")
+            else:
+                out.not_implemented.append(f"{name} = {value} (zero_ref always fails)")
+        elif key == "load_universal":
+            _bool(name, value)  # every zero_ref checkpoint loads at any world size and stage
+            out.no_effect.append(f"{name} (every checkpoint loads at any world size and stage)")
+        elif key == "use_node_local_storage":
+            if _bool(name, value):
+                out.not_implemented.append(f"{name} = true (one shared folder)")
+            else:
+                out.no_effect.append(name)
+        elif key == "parallel_write":
+            out.no_effect.append(f"{name} (every rank writes its own file)")
+        else:
+            out.unknown.append(name)
 
 
 def _optimizer(section: dict, out: ParsedConfig) -> None:

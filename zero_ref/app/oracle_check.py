@@ -25,7 +25,6 @@ import numpy as np
 
 from zero_ref.app.failure import CollectiveError
 from zero_ref.config import ZeroConfig
-from zero_ref.engine.init_source import InitSource
 from zero_ref.layout.flat import tensor_views
 from zero_ref.oracle import Oracle
 from zero_ref.oracle_bound import (
@@ -57,11 +56,18 @@ class RunSummary:
 class OracleCheck:
     """Created on every rank (consolidation is a collective); the oracle lives on rank 0."""
 
-    def __init__(self, engine, init: InitSource, cfg: ZeroConfig, model) -> None:
+    def __init__(self, engine, cfg: ZeroConfig, model) -> None:
+        """Starts from the engine's own state: its initial parameters, or everything a
+        resumed run restored (parameters, m, v, step count). A collective."""
         self.engine, self.cfg, self.model = engine, cfg, model
         self.oracle = None  # the one full copy of the model, on rank 0 alone
+        with engine.comm.ledger.off_the_books():
+            state = self._state_on_root()
         if engine.rank == 0:
-            self.oracle = Oracle(init.all_parameters(), cfg.optimizer, cfg.clip)
+            self.oracle = Oracle(state["param"], cfg.optimizer, cfg.clip)
+            self.oracle.load_state(
+                state["param"], state["exp_avg"], state["exp_avg_sq"], engine.step_count
+            )
         self.summary = RunSummary()
         self._last_diff = math.nan
 

@@ -1,9 +1,10 @@
 """Every file a run will write, checked before its first step.
 
 A run that trains for an hour and then cannot write its export has lost the
-hour. So before training, every output path (--export, --log-jsonl) is checked:
-its folder exists and is writable, its extension is one zero_ref writes, and no
-two outputs share a path. A problem is one UsageError (rank 0 prints it, exit 2).
+hour. So before training, every output path (--export, --log-jsonl, --save-dir)
+is checked: its folder exists (--save-dir's is made) and is writable, its
+extension is one zero_ref writes, and no two outputs share a path. A problem
+is one UsageError (rank 0 prints it, exit 2).
 
 It also finds what a killed writer left: atomic writes go to a hidden temporary
 `.NAME.tmp-PID` beside the target (zero_ref/io/atomic.py); older versions of the
@@ -36,6 +37,20 @@ def check_output_paths(run: RunConfig) -> None:
     resolved = [p.resolve() for p in paths.values()]
     if len(set(resolved)) < len(resolved):
         raise UsageError(f"--export and --log-jsonl name the same file {resolved[0]}")
+    if run.save_dir:
+        check_save_dir(Path(run.save_dir))
+
+
+def check_save_dir(folder: Path) -> None:
+    """--save-dir: a folder that exists and is writable, or that can be made now."""
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"--save-dir {folder}: is a file; give a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--save-dir {folder}: cannot create the folder ({e.strerror})") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"--save-dir {folder}: the folder is not writable")
 
 
 def _check_one(flag: str, path: Path, extensions: tuple[str, ...]) -> None:

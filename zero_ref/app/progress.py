@@ -10,13 +10,14 @@ from zero_ref.app.cli import RunConfig
 
 
 class Progress:
-    def __init__(self, run: RunConfig, is_root: bool) -> None:
+    def __init__(self, run: RunConfig, is_root: bool, first_step: int = 0) -> None:
         self.run, self.is_root, self.bar = run, is_root, None
         if is_root and not run.quiet:
             from tqdm import tqdm
 
             self.bar = tqdm(
                 total=run.steps,
+                initial=first_step,  # a resumed run continues the bar
                 desc="train",
                 unit="step",
                 mininterval=0.5,
@@ -48,7 +49,7 @@ class Progress:
         )
         step = r["step"]
         if r.get("skipped"):
-            self.say(f"step {step + 1}: NaN/Inf gradient, step skipped on every rank")
+            self.say(f"step {step}: NaN/Inf gradient, step skipped on every rank")
         if (step - 1) % self.run.log_every == 0 or step == self.run.steps:
             line = (
                 f"step {step:5d}  loss {r['loss']:.4f}  lr {r['lr']:.2e}  grad norm "

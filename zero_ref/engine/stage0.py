@@ -26,7 +26,7 @@ from zero_ref.engine.memory import MemoryLedger
 from zero_ref.engine.packing import unpack_full
 from zero_ref.engine.placement import HostPlacement
 from zero_ref.layout.buckets import bucket_columns
-from zero_ref.layout.flat import FlatLayout, UnitLayout, build_layout, tensor_views
+from zero_ref.layout.flat import FlatLayout, UnitLayout, build_layout, rank_rows, tensor_views
 from zero_ref.models.unit import Model
 from zero_ref.optim.adamw import adamw_kernel, adamw_scalars, with_lr
 from zero_ref.optim.gradnorm import clip_coefficient, global_grad_norm
@@ -270,6 +270,27 @@ class Stage0DataParallel:
                     sink(kind, unit, flat)
         if "landing" in self.memory.held["buffers"]:
             self.memory.drop("buffers", "landing")
+
+    def owned_state(self, kind: str, unit: UnitLayout) -> np.ndarray:
+        """This rank's slice of `unit` in state buffer `kind` ("param", "exp_avg",
+        "exp_avg_sq"), as a view: what this rank's checkpoint file holds. Every stage
+        saves the same slices, so a checkpoint does not depend on the stage."""
+        whole, shard = self._state_buffers(kind)
+        if whole is not None:
+            return rank_rows(whole[unit.full_slice()], unit)[self.rank]
+        return shard[unit.shard_slice()]
+
+    def load_state(self, kind: str, source: InitSource) -> None:
+        """Overwrite state buffer `kind` with what `source` holds for it, reading only
+        what this rank keeps: whole units where it keeps the buffer whole, its own
+        slices where the stage shards it (resuming from a checkpoint)."""
+        whole, shard = self._state_buffers(kind)
+        for unit in self.layout.units:
+            if whole is not None:
+                source.fill_unit(unit, whole[unit.full_slice()], 0, unit.padded_numel)
+            else:
+                lo = self.rank * unit.shard_numel
+                source.fill_unit(unit, shard[unit.shard_slice()], lo, lo + unit.shard_numel)
 
     def _landing_buffer(self) -> np.ndarray:
         """Where rank 0 receives a sharded unit: a buffer of the widest unit, held while

@@ -13,13 +13,25 @@ import json
 import os
 from pathlib import Path
 
+from zero_ref.io.atomic import atomic_write_bytes
+
 
 class JsonlLog:
-    """A new log at `path` (an older file there is replaced), one record per line."""
+    """A new log at `path` (an older file there is replaced), one record per line.
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    `after_step` continues a resumed run's log instead: the step records up to
+    that step are kept (rewritten atomically), later ones and the old run's
+    final record are dropped (the resumed run redoes those steps), and new
+    records are appended."""
+
+    def __init__(self, path: str | os.PathLike[str], after_step: int | None = None) -> None:
         self.path = Path(path)
-        self.f = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        mode = "w"
+        if after_step is not None and self.path.exists():
+            kept = [r for r in read_jsonl(self.path) if _before(r, after_step)]
+            atomic_write_bytes(self.path, "".join(json.dumps(r) + "\n" for r in kept).encode())
+            mode = "a"
+        self.f = open(self.path, mode, encoding="utf-8")  # noqa: SIM115 (closed in close())
 
     def write(self, record: dict) -> None:
         self.f.write(json.dumps(record) + "\n")
@@ -30,6 +42,12 @@ class JsonlLog:
         os.fsync(self.f.fileno())
         self.f.close()
         return self.path
+
+
+def _before(record: dict, step: int) -> bool:
+    return (
+        not record.get("final") and isinstance(record.get("step"), int) and record["step"] <= step
+    )
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict]:

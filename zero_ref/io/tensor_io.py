@@ -20,6 +20,7 @@ import json
 import os
 import struct
 import zipfile
+import zlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -59,7 +60,7 @@ class TensorFile:
             self._cache: tuple[str, np.ndarray] | None = None
             return
         self._npz = None
-        self._entries, self._data_start = _read_header(self.path)
+        self._entries, self._data_start = read_header(self.path)
         self.shapes = {k: tuple(e["shape"]) for k, e in self._entries.items()}
         self.dtypes = {k: np.dtype(np.float32) for k in self._entries}  # all read as float32
 
@@ -99,7 +100,7 @@ class TensorFile:
             self._npz.close()
 
 
-def _read_header(path: Path) -> tuple[dict[str, dict], int]:
+def read_header(path: Path) -> tuple[dict[str, dict], int]:
     """The JSON header of a safetensors file (its entries) and where its data starts."""
     size = path.stat().st_size
     with open(path, "rb") as f:
@@ -133,30 +134,69 @@ class SafetensorsWriter:
     """Writes float32 tensors one by one into a safetensors file, atomically.
 
     `specs` fixes the names, shapes and order up front; `write` must then be
-    called once per tensor, in that order. The file appears under its real
-    name only when `close()` has written every tensor; an exception inside a
-    `with` block removes the temporary instead."""
+    called once per tensor, in that order (or `write_part` with consecutive
+    pieces of it, for a tensor gathered from several places). The file appears
+    under its real name only when `close()` has written every tensor; an
+    exception inside a `with` block removes the temporary instead. `crc32` and
+    `nbytes` describe every byte written so far (checkpoint manifests keep them).
+    """
 
     def __init__(self, path: str | os.PathLike[str], specs: Iterable[tuple[str, tuple]]) -> None:
         self.path = Path(path)
         if self.path.suffix != ".safetensors":
             raise ValueError(f"{self.path}: exports are .safetensors files; use that extension")
         self.specs = [(name, tuple(int(d) for d in shape)) for name, shape in specs]
+        self._shapes = dict(self.specs)
         self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
         self.f = open(self.tmp, "wb")  # noqa: SIM115 (closed in close() or abort())
-        self.f.write(_header_bytes(self.specs))
-        self.next = 0
+        self.crc32, self.nbytes = 0, 0
+        self._emit(_header_bytes(self.specs))
+        self.next, self.filled = 0, 0  # the tensor being written, and its elements so far
 
     def write(self, name: str, tensor: np.ndarray) -> None:
-        expected, shape = self.specs[self.next]
-        if name != expected or tuple(np.shape(tensor)) != shape:
+        self._skip_empty()
+        expected, shape = self.specs[self.next] if self.next < len(self.specs) else (None, ())
+        if np.size(tensor) == 0 and tuple(np.shape(tensor)) == self._shapes.get(name):
+            return  # an empty tensor has no bytes: it is complete from the start
+        if name != expected or tuple(np.shape(tensor)) != shape or self.filled:
             raise ValueError(
                 f"{self.path}: expected {expected} {shape} next, got {name} {np.shape(tensor)}"
             )
-        self.f.write(np.ascontiguousarray(tensor, np.float32).data)  # no copy if contiguous
-        self.next += 1
+        self.write_part(name, np.reshape(tensor, -1))
+
+    def write_part(self, name: str, flat: np.ndarray) -> None:
+        """The next len(flat) elements of tensor `name`, in flat (C) order."""
+        if flat.size == 0 and name in self._shapes:
+            return  # nothing to write (a piece of nothing, or an empty tensor)
+        self._skip_empty()
+        expected, shape = self.specs[self.next] if self.next < len(self.specs) else (None, ())
+        numel = int(np.prod(shape, dtype=np.int64))
+        if name != expected or self.filled + flat.size > numel:
+            raise ValueError(
+                f"{self.path}: expected {numel - self.filled} more elements of {expected} "
+                f"next, got {flat.size} of {name}"
+            )
+        self._emit(np.ascontiguousarray(flat, np.float32).data)  # no copy if contiguous
+        self.filled += flat.size
+        if self.filled == numel:
+            self.next, self.filled = self.next + 1, 0
+
+    def _skip_empty(self) -> None:
+        """Step past tensors of no elements: they have no bytes to wait for."""
+        while (
+            self.filled == 0
+            and self.next < len(self.specs)
+            and not int(np.prod(self.specs[self.next][1], dtype=np.int64))
+        ):
+            self.next += 1
+
+    def _emit(self, data) -> None:
+        self.f.write(data)
+        self.crc32 = zlib.crc32(data, self.crc32)
+        self.nbytes += memoryview(data).nbytes
 
     def close(self) -> Path:
+        self._skip_empty()
         if self.next != len(self.specs):
             raise ValueError(f"{self.path}: {len(self.specs) - self.next} tensors never written")
         self.f.flush()

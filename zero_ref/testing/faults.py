@@ -17,6 +17,11 @@ One environment variable, read only here, at the top of each training step
                --check-oracle to catch)
   bias_correction  rank R's AdamW uses step S+1's bias correction in step S (another
                silent bug: the updates of R's shard come out slightly wrong)
+  save_kill    rank R sends itself SIGKILL half-way through writing its checkpoint
+               file in the next save (after step S's, with --save-every), after its
+               parameters and before AdamW's state
+  publish_kill rank R (only rank 0 publishes) sends itself SIGKILL in the next save
+               after the new tag folder is in place, before `latest` names it
 
 "In the middle of step S" is right after the first unit's backward, when the
 other ranks are already in the step's collectives. Each fault prints one line
@@ -37,7 +42,17 @@ import numpy as np
 
 FAULT_ENV = "ZERO_REF_INJECT_FAULT"
 FAULT_LOG_ENV = "ZERO_REF_FAULT_LOG"  # optional: a file each fired fault is appended to
-KINDS = ("raise", "kill", "skip_gather", "nan", "inf", "drop_grad", "bias_correction")
+KINDS = (
+    "raise",
+    "kill",
+    "skip_gather",
+    "nan",
+    "inf",
+    "drop_grad",
+    "bias_correction",
+    "save_kill",
+    "publish_kill",
+)
 
 
 class InjectedFault(RuntimeError):
@@ -87,6 +102,9 @@ def arm(fault: Fault, engine) -> None:
     if fault.kind == "bias_correction":
         _wrong_bias_correction(fault, engine)
         return
+    if fault.kind in ("save_kill", "publish_kill"):
+        _kill_in_save(fault)
+        return
 
     def mid_step(original: Callable, i: int, micro: int) -> None:
         if fault.kind in ("nan", "inf"):
@@ -118,6 +136,28 @@ def _wrong_bias_correction(fault: Fault, engine) -> None:
     stage0.adamw_scalars = wrong
 
 
+def _kill_in_save(fault: Fault) -> None:
+    """SIGKILL inside the next checkpoint save, at the point the kind names."""
+    from zero_ref.checkpoint import writer
+
+    def die(*args, **kwargs):
+        _fired(fault)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if fault.kind == "publish_kill":
+        _on_next_call(writer, "_replace_latest", lambda original, *a, **k: die())
+        return
+
+    def second_kind(original, engine, file_writer, kind):
+        if kind == "param":  # the parameters go in whole; AdamW's state never does
+            original(engine, file_writer, kind)
+            _on_next_call(writer, "_write_state", lambda original, *a, **k: die())
+            return
+        die()
+
+    _on_next_call(writer, "_write_state", second_kind)
+
+
 def _poison_gradient(engine, i: int, value: float) -> None:
     """Element 0 of the first tensor of unit i (the last unit: backward runs in reverse)."""
     grads = engine.unit_grads(i)
@@ -139,9 +179,13 @@ def _fired(fault: Fault) -> None:
 def _on_next_call(obj, name: str, action: Callable) -> None:
     """Route the next call of obj.<name>(...) to action(original, ...), once."""
     original = getattr(obj, name)
+    own = name in vars(obj)  # a module's function (put back) or a class's method
 
     def once(*args, **kwargs):
-        delattr(obj, name)  # the class's method shows through again
+        if own:
+            setattr(obj, name, original)
+        else:
+            delattr(obj, name)  # the class's method shows through again
         return action(original, *args, **kwargs)
 
     setattr(obj, name, once)

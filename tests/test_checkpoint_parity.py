@@ -1,0 +1,84 @@
+"""Save, resume and reshard, proven by the oracle (deterministic mode, bitwise).
+
+A run of k steps at (W1 ranks, stage s1) saves a checkpoint; a second run at
+(W2 ranks, stage s2) resumes from it for k more steps. The oracle takes the
+same 2k steps from the same micro-batches (k at W1, then k at W2) on one rank;
+after every step the parameters, and at the end AdamW's m and v and the step
+count, must equal the oracle's bit for bit. W1 = W2 and s1 = s2 is exact
+resume: k + k steps equal 2k steps in one run, since both equal the oracle.
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from tests.test_parity import (
+    MLP,
+    SETTINGS,
+    TINY_UNITS,
+    check_bitwise,
+    options,
+    pinned,
+    replay_model,
+    run,
+)
+
+WORLDS = [1, 2, 3, 4, 5]
+second_run = st.fixed_dictionaries(
+    {"world": st.sampled_from(WORLDS), "stage": st.sampled_from([0, 1, 2, 3])}
+)
+
+
+def save_then_resume(mpi_pools, drawn: dict, second: dict) -> tuple[dict, dict]:
+    k = drawn["steps"]
+    folder = tempfile.mkdtemp(prefix="zero_ref_ckpt_")
+    first = run(mpi_pools, {**drawn, "save_to": folder})
+    history = [{"world": drawn["world"], "lrs": drawn["lrs"][:k]}]
+    resumed = {**drawn, **second, "resume_from": folder, "history": history}
+    resumed["lrs"] = list(reversed(drawn["lrs"]))  # other learning rates after the resume
+    return first, run(mpi_pools, resumed)
+
+
+def check_resumed(first: dict, resumed: dict) -> None:
+    for result in (first, resumed):
+        check_bitwise(result)
+        assert result["optimizer_state_bitwise"], "AdamW's m or v differs from the oracle's"
+        engine_steps, oracle_steps = result["step_count"]
+        assert engine_steps == oracle_steps
+
+
+@settings(max_examples=30, **SETTINGS)
+@given(
+    drawn=options(replay_model, deterministic=True, worlds=WORLDS),
+    second=second_run,
+)
+@example(
+    drawn=pinned(TINY_UNITS, world=4, stage=3, steps=2),
+    second={"world": 3, "stage": 1},
+)
+@example(
+    drawn=pinned(TINY_UNITS, world=5, stage=0, steps=1),
+    second={"world": 2, "stage": 3},
+)
+@example(drawn=pinned(TINY_UNITS, world=1, stage=2), second={"world": 5, "stage": 2})
+def test_resume_at_any_world_size_and_stage_is_bitwise_oracle(mpi_pools, drawn, second):
+    check_resumed(*save_then_resume(mpi_pools, drawn, second))
+
+
+@settings(max_examples=6, **SETTINGS)
+@given(drawn=options(st.just(MLP), deterministic=True, worlds=[2, 3, 4]), second=second_run)
+@example(drawn=pinned(MLP, world=4, stage=3, steps=2), second={"world": 3, "stage": 0})
+def test_resume_model_at_any_world_size_and_stage_is_bitwise_oracle(mpi_pools, drawn, second):
+    check_resumed(*save_then_resume(mpi_pools, drawn, second))
+
+
+def test_exact_resume_gpt_with_accumulation_and_clipping(mpi_pools):
+    """Same world, same stage: the GPT through a resume, with grad accumulation 2 and
+    clipping, and activation checkpointing after the resume."""
+    gpt = {"model": "gpt", "text": MLP["text"], "hidden": 8, "micro_batch": 2}
+    drawn = pinned(gpt, world=4, stage=3, steps=2, clip=0.05)
+    second = {"world": 4, "stage": 3, "checkpoint_activations": True}
+    check_resumed(*save_then_resume(mpi_pools, drawn, second))

@@ -1,0 +1,129 @@
+"""The trainer's side of checkpoints: what a save records besides the model state,
+and resuming from one (docs/checkpoints.md).
+
+A checkpoint records the run's position exactly: the run's step (the data
+position: batches depend only on (seed, step), zero_ref/app/data.py, so there
+is no generator state to carry), the optimizer's own step count (AdamW's bias
+correction; it lags the run's step by the steps a NaN/Inf skipped), the
+learning-rate schedule, and the whole config. Resuming with the same flags
+continues the run as if it had never stopped; flags that differ are listed.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from zero_ref.app.cli import Parsed
+from zero_ref.checkpoint.manifest import CheckpointError
+from zero_ref.checkpoint.reader import Checkpoint
+from zero_ref.models.unit import Model
+
+MODEL_FLAGS = ("model", "context", "d_embed", "d_hidden", "n_layer", "n_head", "d_model")
+
+
+def training_record(parsed: Parsed, step: int, engine, tokens: np.ndarray) -> dict[str, Any]:
+    """The manifest's "training" entry for a save after run step `step`."""
+    run, zero = parsed.run, parsed.zero
+    return {
+        "lr_schedule": asdict(run.lr_schedule),
+        "next_lr": run.lr_schedule(step + 1) if step < run.steps else None,
+        "data": {
+            "next_step": step,
+            "seed": run.seed,
+            "batch_size": run.batch_size,
+            "micro_batch_size": run.micro_batch_size,
+            "grad_accum": zero.grad_accum,
+            "world_size": engine.world,
+            "corpus_chars": int(tokens.size),
+            "corpus_crc32": zlib.crc32(np.ascontiguousarray(tokens).data),
+        },
+        "rng": {
+            "batches": "numpy default_rng([seed, step]) per step: no state to carry",
+            "init": f"numpy default_rng({run.seed}), used once at step 0",
+        },
+        "config": {
+            "run": {k: v for k, v in asdict(run).items() if k != "lr_schedule"},
+            "zero": asdict(zero),
+        },
+    }
+
+
+def open_checkpoint(parsed: Parsed, model: Model) -> Checkpoint:
+    """The checkpoint --resume names, checked against the model these flags build
+    (on every rank alike: a problem is one message from rank 0, exit 2)."""
+    checkpoint = Checkpoint(parsed.run.resume)
+    for key in ("optimizer_steps",):
+        if key not in checkpoint.manifest:
+            raise CheckpointError(f"{checkpoint.folder}: the manifest has no {key!r}")
+    checkpoint.check_model(model, _model_flag_hint(checkpoint, parsed))
+    return checkpoint
+
+
+def verify_everywhere(checkpoint: Checkpoint, comm) -> None:
+    """Every rank checks a share of the saved files (size, CRC-32, tensors); all ranks
+    then raise the same error if any file is bad, before any state changes."""
+    mine = checkpoint.verify(range(comm.rank, checkpoint.world_size, comm.size))
+    problems = [p for share in comm.mpi.allgather(mine) for p in share]
+    if problems:
+        raise CheckpointError("cannot resume: " + "; ".join(problems))
+
+
+def restore(engine, checkpoint: Checkpoint) -> int:
+    """AdamW's m and v and its step count into an engine built from the checkpoint's
+    parameters; returns the run step to continue after."""
+    for kind in ("exp_avg", "exp_avg_sq"):
+        engine.load_state(kind, checkpoint.source(kind))
+    engine.step_count = int(checkpoint.manifest["optimizer_steps"])
+    return checkpoint.step
+
+
+def describe_resume(checkpoint: Checkpoint, parsed: Parsed, world: int) -> list[str]:
+    """What resuming does: from where, and every setting that differs from the saved run's."""
+    m = checkpoint.manifest
+    lines = [
+        f"resuming from {checkpoint.folder} after step {m['step']} "
+        f"(saved by {m['world_size']} ranks at stage {m['stage']}; now {world} ranks at "
+        f"stage {parsed.zero.stage})"
+    ]
+    saved = m["training"]["config"]
+    now = {"run": asdict(parsed.run), "zero": asdict(parsed.zero)}
+    ignore = {  # where the run writes and what it shows: not how it trains
+        *("resume", "save_dir", "save_every", "keep_last", "stop_at_step", "init"),
+        *("quiet", "log_every", "log_jsonl", "export", "sample_chars", "check_oracle"),
+        *("print_params", "lr_schedule"),
+    }
+    for part in ("run", "zero"):
+        for key, value in saved[part].items():
+            new = now[part].get(key)
+            if key not in ignore and _plain(new) != value:
+                lines.append(f"resume: {key} was {value!r}, now {_plain(new)!r}")
+    schedule = asdict(parsed.run.lr_schedule)
+    if m["training"]["lr_schedule"] != schedule:
+        lines.append(f"resume: lr schedule was {m['training']['lr_schedule']}, now {schedule}")
+    return lines
+
+
+def _plain(value: Any) -> Any:
+    """A value as it reads back from JSON (tuples become lists)."""
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _model_flag_hint(checkpoint: Checkpoint, parsed: Parsed) -> str:
+    saved = checkpoint.manifest["training"].get("config", {}).get("run", {})
+    now = asdict(parsed.run)
+    diffs = [
+        f"--{k.replace('_', '-')} {saved[k]} there, {now[k]} here"
+        for k in MODEL_FLAGS
+        if k in saved and saved[k] != now[k]
+    ]
+    if saved.get("data") != now["data"]:
+        diffs.append(f"--data {saved.get('data')} there, {now['data']} here")
+    return f" ({'; '.join(diffs)})" if diffs else ""

@@ -1,0 +1,13 @@
+"""Checkpoints: exact resume, resharding to another world size or stage, and one
+plain weights file without MPI (docs/checkpoints.md).
+
+  manifest    the format: what a checkpoint folder holds, its JSON manifest, and
+              the checks a manifest must pass (no I/O of shard data)
+  reshard     pure index math: where elements [lo, hi) of a unit live in the
+              files of the ranks that saved it
+  writer      save: every rank writes its own slices, rank 0 the manifest; a
+              save appears atomically or not at all
+  reader      open, verify (sizes, CRC-32) and read byte ranges of a checkpoint;
+              a reader is an InitSource, so loading is the engine's sharded init
+  consolidate one safetensors file of the model's tensors, streamed
+"""

@@ -1,0 +1,174 @@
+"""Saving a checkpoint (a collective): every rank writes its own slices, rank 0
+the manifest, and the tag folder appears whole or not at all.
+
+  1. rank 0 removes what killed saves left (.step_*.partial folders) and makes
+     DIR/.step_000123.partial/
+  2. every rank writes rank_{r}.safetensors there (param, exp_avg, exp_avg_sq:
+     its slices, streamed unit by unit from the engine's own buffers, no copy),
+     fsyncs it and reports its size and CRC-32 to rank 0
+  3. rank 0 writes manifest.json (atomically), fsyncs the folder, renames it
+     to DIR/step_000123 (atomic), fsyncs DIR
+  4. rank 0 replaces DIR/latest atomically, then deletes the oldest tags
+     beyond --keep-last
+
+A kill before step 3's rename leaves only a hidden .partial folder; a kill
+between the rename and step 4 leaves `latest` naming the previous tag. Either
+way the previous checkpoint stays loadable.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zero_ref import __version__
+from zero_ref.checkpoint.manifest import (
+    FORMAT,
+    FORMAT_VERSION,
+    LATEST,
+    MANIFEST,
+    STATE_KINDS,
+    layout_record,
+    rank_file_name,
+    tag_for,
+    tags_in,
+)
+from zero_ref.io.atomic import atomic_write_bytes, fsync_dir
+from zero_ref.io.tensor_io import SafetensorsWriter
+
+
+@dataclass
+class SaveResult:
+    folder: Path
+    bytes: int  # all rank files together
+    seconds: float
+    removed: list[str] = field(default_factory=list)  # left by killed saves
+    pruned: list[str] = field(default_factory=list)  # older tags beyond keep_last
+
+    def describe(self) -> str:
+        rate = self.bytes / self.seconds / 1e9 if self.seconds > 0 else float("inf")
+        return (
+            f"saved checkpoint {self.folder}: {self.bytes / 1e6:,.1f} MB in "
+            f"{self.seconds:.2f} s ({rate:.2f} GB/s)"
+        )
+
+
+def save_checkpoint(
+    engine,
+    directory: str | Path,
+    step: int,
+    training: dict[str, Any],
+    keep_last: int | None = None,
+) -> SaveResult:
+    """Save the engine's parameters, m and v after run step `step` into
+    directory/step_{step}/ (a collective; rank 0's result is complete). `training`
+    is the caller's record of the run's position and config (plain JSON data)."""
+    comm, rank = engine.comm, engine.rank
+    directory, tag = Path(directory), tag_for(step)
+    partial = directory / f".{tag}.partial"
+    t0 = time.perf_counter()
+    removed = []
+    if rank == 0:
+        directory.mkdir(parents=True, exist_ok=True)
+        removed = remove_unfinished(directory)
+        partial.mkdir()
+    comm.mpi.Barrier()  # the folder exists before anyone writes into it
+    entries = comm.mpi.gather(write_rank_file(engine, partial / rank_file_name(rank)), root=0)
+    result = SaveResult(directory / tag, 0, 0.0, removed)
+    if rank == 0:
+        manifest = build_manifest(engine, step, entries, training)
+        atomic_write_bytes(partial / MANIFEST, json.dumps(manifest, indent=1).encode())
+        _publish(directory, partial, tag)
+        _replace_latest(directory, tag)
+        result.pruned = prune(directory, keep_last, keep=tag)
+        result.bytes = sum(e["bytes"] for e in entries)
+    comm.mpi.Barrier()  # no rank goes on (or exits) before the save is complete
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def write_rank_file(engine, path: Path) -> dict[str, Any]:
+    """This rank's slices of every state kind, unit by unit, into one safetensors file."""
+    shard = engine.layout.shard_numel
+    with SafetensorsWriter(path, [(kind, (shard,)) for kind in STATE_KINDS]) as writer:
+        for kind in STATE_KINDS:
+            _write_state(engine, writer, kind)
+    return {
+        "rank": engine.rank,
+        "file": path.name,
+        "bytes": writer.nbytes,
+        "crc32": writer.crc32,
+    }
+
+
+def _write_state(engine, writer: SafetensorsWriter, kind: str) -> None:
+    for unit in engine.layout.units:
+        writer.write_part(kind, engine.owned_state(kind, unit))
+
+
+def build_manifest(engine, step: int, files: list[dict], training: dict[str, Any]) -> dict:
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "zero_ref_version": __version__,
+        "tag": tag_for(step),
+        "step": step,
+        "optimizer_steps": engine.step_count,
+        "world_size": engine.world,
+        "stage": engine.stage,
+        "dtype": "float32",
+        "state_kinds": list(STATE_KINDS),
+        "layout": layout_record(engine.layout),
+        "files": files,
+        "training": training,
+    }
+
+
+def _publish(directory: Path, partial: Path, tag: str) -> None:
+    """Rename the finished folder into place (replacing a tag of the same name)."""
+    fsync_dir(partial)
+    final = directory / tag
+    if final.exists():  # the same step saved again, e.g. by a run resumed before it
+        replaced = directory / f".{tag}.replaced"
+        final.rename(replaced)
+        partial.rename(final)
+        shutil.rmtree(replaced)
+    else:
+        partial.rename(final)
+    fsync_dir(directory)
+
+
+def _replace_latest(directory: Path, tag: str) -> None:
+    atomic_write_bytes(directory / LATEST, (tag + "\n").encode())
+
+
+def remove_unfinished(directory: Path) -> list[str]:
+    """Clean up after saves that were killed; returns what was done. A .partial
+    folder is removed; a .replaced folder is put back if the tag it replaced is
+    missing (a kill between _publish's two renames), else removed."""
+    done = []
+    for path in sorted(directory.glob(".step_*")):
+        if not path.is_dir():
+            continue
+        if path.name.endswith(".replaced") and not (directory / path.name[1:-9]).exists():
+            path.rename(directory / path.name[1:-9])
+            done.append(f"{path.name} (restored)")
+        elif path.name.endswith((".partial", ".replaced")):
+            shutil.rmtree(path)
+            done.append(path.name)
+    return done
+
+
+def prune(directory: Path, keep_last: int | None, keep: str) -> list[str]:
+    """Delete the oldest tags so that at most keep_last remain (never `keep`)."""
+    if keep_last is None:
+        return []
+    tags = [p for _, p in tags_in(directory)]
+    doomed = [p for p in tags[: max(0, len(tags) - keep_last)] if p.name != keep]
+    for path in doomed:
+        shutil.rmtree(path)
+    return [p.name for p in doomed]
