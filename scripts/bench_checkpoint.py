@@ -39,7 +39,7 @@ import numpy as np
 from bench_common import emit, load_average
 
 from zero_ref.app.cli import parse_args
-from zero_ref.checkpoint.consolidate import WINDOW
+from zero_ref.checkpoint.consolidate import WINDOW_NUMEL
 from zero_ref.checkpoint.manifest import read_manifest, resolve_tag
 from zero_ref.estimate import model_for, model_layout
 from zero_ref.io.metrics_log import read_jsonl
@@ -200,7 +200,7 @@ def measure(a: argparse.Namespace) -> dict:
     out = a.tmp / "consolidated.safetensors"
     merged = consolidate(a, tag, out)
     peak_above = merged["peak_rss_bytes"] - merged["baseline_rss_bytes"]
-    largest, window = largest_tensor_bytes(tag), F32 * WINDOW
+    largest, window = largest_tensor_bytes(tag), F32 * WINDOW_NUMEL
     numel = read_manifest(tag)["layout"]["numel"]
     return {
         "params": numel,

@@ -360,6 +360,32 @@ def test_a_checkpoint_of_another_model_names_the_tensor_and_the_flag(split):
     assert "--d-model 16 there, 8 here" in line, line
 
 
+def test_a_resume_past_the_run_is_refused_and_one_at_its_end_trains_nothing(split, tmp_path):
+    flags = [*FLAGS]
+    flags[flags.index("--steps") + 1] = "2"  # the checkpoint is after step 3
+    line = one_error(train(2, *flags, "--resume", str(split.saves)))
+    assert "saved after step 3, past --steps 2" in line, line
+    saves = tmp_path / "ck"
+    shutil.copytree(split.saves, saves)
+    before = sorted(p.name for p in saves.iterdir())
+    p = train(2, *FLAGS, "--stop-at-step", "3", "--resume", str(saves), "--save-dir", str(saves))
+    ok(p)
+    assert "nothing to train" in p.stdout + p.stderr
+    assert sorted(q.name for q in saves.iterdir()) == before  # nothing saved again
+
+
+def test_latest_still_loads_after_a_kill_inside_a_same_step_save(split, tmp_path):
+    """A kill between _publish's two renames leaves the tag as .step_X.replaced:
+    --resume reads it there (and the next save puts it back)."""
+    saves = tmp_path / "ck"
+    shutil.copytree(split.saves, saves)
+    (saves / "step_000003").rename(saves / ".step_000003.replaced")
+    assert Checkpoint(saves).folder.name == ".step_000003.replaced"
+    ok(train(2, *FLAGS, "--stage", "1", "--resume", str(saves), "--save-dir", str(saves)))
+    assert latest(saves) == "step_000006"
+    assert (saves / "step_000003").is_dir() and not (saves / ".step_000003.replaced").exists()
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [

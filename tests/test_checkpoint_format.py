@@ -579,8 +579,9 @@ def test_publish_replaces_a_tag_of_the_same_name(tmp_path):
         (3, 5, [3, 4, 5]),
         (10, 5, [1, 2, 3, 4, 5]),
         (1, 5, [5]),
-        (2, 1, [1, 4, 5]),  # a run resumed from an older step keeps what it just saved
-        (0, 3, [3]),
+        (2, 1, [1, 2, 3, 4, 5]),  # later tags (an abandoned run's): not counted, not touched
+        (1, 3, [3, 4, 5]),
+        (0, 3, [3, 4, 5]),
         (None, 5, [1, 2, 3, 4, 5]),
     ],
 )

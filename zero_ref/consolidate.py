@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from zero_ref.app.process_memory import resident_bytes
-from zero_ref.checkpoint.consolidate import WINDOW, consolidate
+from zero_ref.checkpoint.consolidate import WINDOW_NUMEL, consolidate
 from zero_ref.checkpoint.manifest import CheckpointError
 from zero_ref.checkpoint.reader import Checkpoint
 
@@ -31,8 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--window",
         type=int,
-        default=WINDOW,
-        help=f"elements read and written at a time (default {WINDOW:,}): the peak memory",
+        default=WINDOW_NUMEL,
+        help=f"elements read and written at a time (default {WINDOW_NUMEL:,}): the peak memory",
     )
     p.add_argument("--json", action="store_true", help="print one JSON line instead of text")
     return p

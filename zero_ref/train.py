@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import sys
 import time
-import zlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -19,15 +18,8 @@ from zero_ref.app.output_paths import check_output_paths, output_paths, remove_s
 from zero_ref.app.process_memory import PhasePeaks
 from zero_ref.app.progress import Progress
 from zero_ref.app.report import comm_table, memory_table, rank_report, rss_table
-from zero_ref.app.resume import (
-    describe_resume,
-    open_checkpoint,
-    restore,
-    training_record,
-    verify_everywhere,
-)
+from zero_ref.app.resume import Saver, announce_resume, open_checkpoint, resume_engine
 from zero_ref.app.tasks import Task, build_task, describe_params
-from zero_ref.checkpoint.writer import save_checkpoint
 from zero_ref.comm.ledger import expected_sent_bytes, paper_sent_bytes
 from zero_ref.engine.init_source import FileInit, InitSource, RandomInit
 from zero_ref.engine.memory import fp32_formula_bytes
@@ -48,7 +40,7 @@ def prepare(parsed: Parsed, world: int) -> tuple[Task, InitSource, object, np.nd
     task.batches(0)  # a corpus too short for one batch fails here, on every rank alike
     checkpoint = None
     if run.resume:
-        checkpoint = open_checkpoint(parsed, task.model)
+        checkpoint = open_checkpoint(parsed, task.model)  # checked before any state exists
         init = checkpoint.source("param")
     elif run.init:
         init = FileInit(run.init, task.model)
@@ -68,13 +60,10 @@ def train(parsed: Parsed, mpi_comm) -> None:
     comm = comm_for(mpi_comm, zero)
     task, init, vocab, tokens, checkpoint = prepare(parsed, comm.size)
     refuse_if_it_cannot_fit(parsed, task, comm)
-    t0 = time.perf_counter()
-    if checkpoint:
-        verify_everywhere(checkpoint, comm)  # a damaged file stops every rank here
-    verify_s = time.perf_counter() - t0
-    engine = make_engine(task.model, init, zero, comm)
-    first = restore(engine, checkpoint) if checkpoint else 0
-    load_s = comm.mpi.allreduce(time.perf_counter() - t0, op=max_op())
+    build = lambda: make_engine(task.model, init, zero, comm)  # noqa: E731
+    engine, first, loaded = (
+        resume_engine(checkpoint, comm, build) if checkpoint else (build(), 0, None)
+    )
     phases.end("init")
     progress = Progress(run, comm.rank == 0, first)
     progress.say(
@@ -88,18 +77,7 @@ def train(parsed: Parsed, mpi_comm) -> None:
     check = OracleCheck(engine, zero, task.model) if run.check_oracle else None
     log = open_log(run, comm.rank == 0, progress, first if checkpoint else None)
     if checkpoint:
-        for line in describe_resume(checkpoint, parsed, comm.size):
-            progress.always(line)
-        if checkpoint.manifest["training"]["data"]["corpus_crc32"] != zlib.crc32(tokens.data):
-            progress.always("resume: the corpus differs from the one the checkpoint saw")
-        loaded = {"resumed_from": str(checkpoint.folder), "after_step": first}
-        loaded |= {"bytes": checkpoint.total_bytes(), "verify_s": verify_s, "load_s": load_s}
-        progress.say(
-            f"loaded {loaded['bytes'] / 1e6:,.1f} MB in {load_s:.2f} s "
-            f"({loaded['bytes'] / load_s / 1e9:.2f} GB/s, CRC-32 checks {verify_s:.2f} s of it)"
-        )
-        if log:
-            log.write(loaded)
+        announce_resume(checkpoint, parsed, comm.size, tokens, loaded, progress, log)
     saver = Saver(parsed, engine, tokens, progress, log)
     last = min(run.steps, run.stop_at_step or run.steps)
     for step in range(first, last):
@@ -132,40 +110,9 @@ def train(parsed: Parsed, mpi_comm) -> None:
         progress.always(check.describe())
     if checkpoint:
         checkpoint.close()
-    if run.save_dir and saver.last_saved != max(first, last):
-        saver.save(max(first, last))
+    if run.save_dir and last > first and saver.last_saved != last:
+        saver.save(last)  # always at the end (not when nothing was trained)
     finish(parsed, engine, task, log, phases)
-
-
-class Saver:
-    """--save-dir: a checkpoint after the steps asked for (a collective)."""
-
-    def __init__(self, parsed: Parsed, engine, tokens, progress: Progress, log) -> None:
-        self.parsed, self.engine, self.tokens, self.progress = parsed, engine, tokens, progress
-        self.log = log  # rank 0's --log-jsonl, or None
-        self.last_saved: int | None = None
-
-    def save(self, step: int) -> None:
-        run = self.parsed.run
-        training = training_record(self.parsed, step, self.engine, self.tokens)
-        with self.engine.comm.ledger.off_the_books():
-            result = save_checkpoint(self.engine, run.save_dir, step, training, run.keep_last)
-        for name in result.removed:
-            self.progress.always(f"removed {name}, left by a save that was killed")
-        self.progress.say(result.describe())
-        for name in result.pruned:
-            self.progress.say(f"removed checkpoint {name} (--keep-last {run.keep_last})")
-        if self.log:
-            folder, size, seconds = str(result.folder), result.bytes, result.seconds
-            record = {"checkpoint": folder, "after_step": step, "bytes": size, "save_s": seconds}
-            self.log.write(record)
-        self.last_saved = step
-
-
-def max_op():
-    from mpi4py import MPI
-
-    return MPI.MAX
 
 
 def refuse_if_it_cannot_fit(parsed: Parsed, task: Task, comm) -> None:

@@ -11,6 +11,7 @@ continues the run as if it had never stopped; flags that differ are listed.
 
 from __future__ import annotations
 
+import time
 import zlib
 from dataclasses import asdict
 from typing import Any
@@ -18,8 +19,9 @@ from typing import Any
 import numpy as np
 
 from zero_ref.app.cli import Parsed
-from zero_ref.checkpoint.manifest import CheckpointError
+from zero_ref.checkpoint.manifest import MANIFEST, CheckpointError
 from zero_ref.checkpoint.reader import Checkpoint
+from zero_ref.checkpoint.writer import save_checkpoint
 from zero_ref.models.unit import Model
 
 MODEL_FLAGS = ("model", "context", "d_embed", "d_hidden", "n_layer", "n_head", "d_model")
@@ -52,15 +54,94 @@ def training_record(parsed: Parsed, step: int, engine, tokens: np.ndarray) -> di
     }
 
 
+TRAINING_KEYS = (("config", "run"), ("config", "zero"), ("data", "corpus_crc32"), ("lr_schedule",))
+
+
 def open_checkpoint(parsed: Parsed, model: Model) -> Checkpoint:
-    """The checkpoint --resume names, checked against the model these flags build
-    (on every rank alike: a problem is one message from rank 0, exit 2)."""
+    """The checkpoint --resume names, checked against the model these flags build and
+    against the run's length (on every rank alike, before any state exists: a problem
+    is one message from rank 0, exit 2)."""
     checkpoint = Checkpoint(parsed.run.resume)
-    for key in ("optimizer_steps",):
-        if key not in checkpoint.manifest:
-            raise CheckpointError(f"{checkpoint.folder}: the manifest has no {key!r}")
+    training = checkpoint.manifest["training"]
+    for path in TRAINING_KEYS:
+        entry = training
+        for key in path:
+            if not isinstance(entry, dict) or key not in entry:
+                where = checkpoint.folder / MANIFEST
+                raise CheckpointError(f"{where}: the manifest has no training.{'.'.join(path)}")
+            entry = entry[key]
     checkpoint.check_model(model, _model_flag_hint(checkpoint, parsed))
+    run = parsed.run
+    end, flag = (run.stop_at_step, "--stop-at-step") if run.stop_at_step else (run.steps, "--steps")
+    if checkpoint.step > end:
+        raise CheckpointError(
+            f"--resume {checkpoint.folder}: it was saved after step {checkpoint.step}, past "
+            f"{flag} {end}; give a later {flag} to train on"
+        )
     return checkpoint
+
+
+def resume_engine(checkpoint: Checkpoint, comm, build) -> tuple[Any, int, dict[str, Any]]:
+    """Verify every file (all ranks together), build the engine from the checkpoint's
+    parameters (`build()`: the sharded init, reading only this rank's share) and
+    restore AdamW's state. Returns the engine, the step to continue after, and a
+    record of what loading took (the slowest rank's time)."""
+    t0 = time.perf_counter()
+    verify_everywhere(checkpoint, comm)  # a damaged file stops every rank here
+    verify_s = time.perf_counter() - t0
+    engine = build()
+    first = restore(engine, checkpoint)
+    load_s = comm.allreduce_max_float64(time.perf_counter() - t0, kind="checkpoint")
+    record = {"resumed_from": str(checkpoint.folder), "after_step": first}
+    return (
+        engine,
+        first,
+        record | {"bytes": checkpoint.total_bytes(), "verify_s": verify_s, "load_s": load_s},
+    )
+
+
+def announce_resume(checkpoint, parsed, world, tokens, loaded, progress, log) -> None:
+    """Rank 0's lines about the resume (every setting that changed, in every mode),
+    and its --log-jsonl record."""
+    for line in describe_resume(checkpoint, parsed, world):
+        progress.always(line)
+    if checkpoint.manifest["training"]["data"]["corpus_crc32"] != zlib.crc32(tokens.data):
+        progress.always("resume: the corpus differs from the one the checkpoint saw")
+    last = parsed.run.stop_at_step or parsed.run.steps
+    if checkpoint.step == last:
+        progress.always(f"resume: the checkpoint is at step {last} already: nothing to train")
+    size, seconds = loaded["bytes"], loaded["load_s"]
+    progress.say(
+        f"loaded {size / 1e6:,.1f} MB in {seconds:.2f} s ({size / seconds / 1e9:.2f} GB/s, "
+        f"CRC-32 checks {loaded['verify_s']:.2f} s of it)"
+    )
+    if log:
+        log.write(loaded)
+
+
+class Saver:
+    """--save-dir: a checkpoint after the steps asked for (a collective)."""
+
+    def __init__(self, parsed: Parsed, engine, tokens, progress, log) -> None:
+        self.parsed, self.engine, self.tokens, self.progress = parsed, engine, tokens, progress
+        self.log = log  # rank 0's --log-jsonl, or None
+        self.last_saved: int | None = None
+
+    def save(self, step: int) -> None:
+        run = self.parsed.run
+        training = training_record(self.parsed, step, self.engine, self.tokens)
+        with self.engine.comm.ledger.off_the_books():
+            result = save_checkpoint(self.engine, run.save_dir, step, training, run.keep_last)
+        for name in result.removed:
+            self.progress.always(f"removed {name}, left by a save that was killed")
+        self.progress.say(result.describe())
+        for name in result.pruned:
+            self.progress.say(f"removed checkpoint {name} (--keep-last {run.keep_last})")
+        if self.log:
+            folder, size, seconds = str(result.folder), result.bytes, result.seconds
+            record = {"checkpoint": folder, "after_step": step, "bytes": size, "save_s": seconds}
+            self.log.write(record)
+        self.last_saved = step
 
 
 def verify_everywhere(checkpoint: Checkpoint, comm) -> None:

@@ -1,6 +1,11 @@
 """Checkpoints: exact resume, resharding to another world size or stage, and one
 plain weights file without MPI (docs/checkpoints.md).
 
+Each rank saves its own partition of the model states, as ZeRO (Sec. 5 of the
+paper) partitions them: its slice of the parameters (P_p) and of AdamW's m and v
+(P_os), the same slices at every stage. So saving needs no gather and loading
+no full copy; the gradients (P_g) are not state between steps and are not saved.
+
   manifest    the format: what a checkpoint folder holds, its JSON manifest, and
               the checks a manifest must pass (no I/O of shard data)
   reshard     pure index math: where elements [lo, hi) of a unit live in the

@@ -6,7 +6,7 @@ windows of at most `window` elements: a window is read from the rank files
 that hold it (zero_ref/checkpoint/reshard.py: a tensor cut by the saving
 ranks' slice boundaries comes from several files) and written at once. Peak
 memory is one window, whatever the model's size. Every rank file's CRC-32 is
-checked first.
+checked first, through a buffer of the same size.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from zero_ref.checkpoint.manifest import CheckpointError
 from zero_ref.checkpoint.reader import Checkpoint
 from zero_ref.io.tensor_io import SafetensorsWriter
 
-WINDOW = 4 << 20  # elements per read-and-write: 16 MiB of float32
+WINDOW_NUMEL = 4 << 20  # elements per read-and-write: 16 MiB of float32
 OPTIMIZER_PREFIXES = {"exp_avg": "exp_avg.", "exp_avg_sq": "exp_avg_sq."}
 
 
@@ -37,13 +37,13 @@ def consolidate(
     checkpoint: Checkpoint,
     out: str | Path,
     optimizer_states: bool = False,
-    window: int = WINDOW,
+    window: int = WINDOW_NUMEL,
 ) -> Consolidated:
     """Write `out` (.safetensors): every parameter as float32, and with
     optimizer_states AdamW's m and v as "exp_avg.<name>" and "exp_avg_sq.<name>"."""
     if window < 1:
         raise ValueError(f"window={window} is not allowed: it must be >= 1 element")
-    problems = checkpoint.verify(range(checkpoint.world_size))
+    problems = checkpoint.verify(range(checkpoint.world_size), chunk_bytes=4 * window)
     if problems:
         raise CheckpointError("; ".join(problems))
     t0 = time.perf_counter()

@@ -135,6 +135,9 @@ def resolve_tag(path: str | Path) -> Path:
         raise CheckpointError(f"{latest}: names {tag!r}, which is not a checkpoint tag")
     folder = path / tag
     if not folder.is_dir():
+        replaced = path / f".{tag}.replaced"
+        if (replaced / MANIFEST).is_file():  # a kill mid-way through re-saving this tag
+            return replaced
         raise CheckpointError(f"{latest}: names {tag}, but {folder} does not exist")
     return folder
 

@@ -30,8 +30,8 @@ from zero_ref.checkpoint.reshard import pieces
 from zero_ref.io.tensor_io import read_header
 from zero_ref.layout.flat import UnitLayout
 
-VERIFY_CHUNK = 16 << 20  # bytes read at a time while checking a file's CRC-32
-F32 = 4
+VERIFY_CHUNK_BYTES = 16 << 20  # read at a time while checking a file's CRC-32
+F32_BYTES = 4
 
 
 class Checkpoint:
@@ -56,12 +56,12 @@ class Checkpoint:
             )
         for i, entry in enumerate(files):
             ok = isinstance(entry, dict) and entry.get("rank") == i
-            ok = ok and isinstance(entry.get("file"), str)
+            ok = ok and entry.get("file") == rank_file_name(i)
             ok = ok and all(_is_int(entry.get(k)) for k in ("bytes", "crc32"))
             if not ok:
                 raise CheckpointError(
-                    f"{where}: files[{i}] = {entry!r}: expected rank {i}, a file name and "
-                    "integer bytes and crc32"
+                    f"{where}: files[{i}] = {entry!r}: expected rank {i}, file "
+                    f"{rank_file_name(i)}, and integer bytes and crc32"
                 )
         return files
 
@@ -95,33 +95,39 @@ class Checkpoint:
                 )
                 raise CheckpointError(f"{where}: {diff}{flags_hint}")
 
-    def verify(self, ranks: Iterable[int]) -> list[str]:
-        """Problems with the given ranks' files (missing, wrong size, CRC-32 mismatch,
-        unexpected tensors), each naming the file; [] if they are sound. Streams each
-        file in VERIFY_CHUNK pieces."""
+    def verify(self, ranks: Iterable[int], chunk_bytes: int = VERIFY_CHUNK_BYTES) -> list[str]:
+        """Problems with the given ranks' files (missing, unreadable, wrong size, CRC-32
+        mismatch, unexpected tensors), each naming the file; [] if they are sound.
+        Streams each file through one buffer of chunk_bytes."""
         problems = []
         for rank in ranks:
-            entry, path = self.files[rank], self.path_of(rank)
-            if not path.is_file():
-                problems.append(f"{path}: missing")
-                continue
-            size = path.stat().st_size
-            if size != entry["bytes"]:
-                what = "truncated" if size < entry["bytes"] else "longer than saved"
-                problems.append(f"{path}: {what}: {size} bytes, the manifest says {entry['bytes']}")
-                continue
-            crc = _crc32_of(path)
-            if crc != entry["crc32"]:
-                problems.append(
-                    f"{path}: CRC-32 {crc:#010x}, the manifest says {entry['crc32']:#010x}: "
-                    "the file is damaged"
-                )
-                continue
             try:
-                self._data_starts(rank)
-            except CheckpointError as e:
-                problems.append(str(e))
+                problem = self._verify_one(rank, chunk_bytes)
+            except OSError as e:
+                problem = f"{self.path_of(rank)}: cannot read ({e.strerror or e})"
+            if problem:
+                problems.append(problem)
         return problems
+
+    def _verify_one(self, rank: int, chunk_bytes: int) -> str | None:
+        entry, path = self.files[rank], self.path_of(rank)
+        if not path.is_file():
+            return f"{path}: missing"
+        size = path.stat().st_size
+        if size != entry["bytes"]:
+            what = "truncated" if size < entry["bytes"] else "longer than saved"
+            return f"{path}: {what}: {size} bytes, the manifest says {entry['bytes']}"
+        crc = _crc32_of(path, chunk_bytes)
+        if crc != entry["crc32"]:
+            return (
+                f"{path}: CRC-32 {crc:#010x}, the manifest says {entry['crc32']:#010x}: "
+                "the file is damaged"
+            )
+        try:
+            self._data_starts(rank)
+        except CheckpointError as e:
+            return str(e)
+        return None
 
     # ---- reading
     def read_range(self, kind: str, unit: UnitLayout, lo: int, hi: int, out: np.ndarray) -> None:
@@ -132,9 +138,9 @@ class Checkpoint:
         for piece in pieces(saved, lo, hi):
             fd, starts = self._file(piece.rank)
             target = out[piece.out_start : piece.out_start + piece.numel]
-            offset = starts[kind] + F32 * piece.file_start
+            offset = starts[kind] + F32_BYTES * piece.file_start
             got = os.preadv(fd, [memoryview(target).cast("B")], offset)
-            if got != F32 * piece.numel:
+            if got != F32_BYTES * piece.numel:
                 raise CheckpointError(
                     f"{self.path_of(piece.rank)}: truncated: {kind} of {unit.name} ends past "
                     "the end of the file"
@@ -213,9 +219,9 @@ def _names(units: list) -> str:
     return ", ".join(n for n, _ in units[:6]) + (" ..." if len(units) > 6 else "")
 
 
-def _crc32_of(path: Path) -> int:
+def _crc32_of(path: Path, chunk_bytes: int) -> int:
     """CRC-32 of a whole file, read into one reused buffer (one chunk held, not two)."""
-    crc, chunk = 0, bytearray(VERIFY_CHUNK)
+    crc, chunk = 0, bytearray(max(1, chunk_bytes))
     view = memoryview(chunk)
     with open(path, "rb", buffering=0) as f:
         while n := f.readinto(chunk):

@@ -148,27 +148,35 @@ def _replace_latest(directory: Path, tag: str) -> None:
 
 def remove_unfinished(directory: Path) -> list[str]:
     """Clean up after saves that were killed; returns what was done. A .partial
-    folder is removed; a .replaced folder is put back if the tag it replaced is
-    missing (a kill between _publish's two renames), else removed."""
+    folder (a save not yet published) or .pruned one (a deletion under way) is
+    removed; a .replaced folder is put back if the tag it replaced is missing (a
+    kill between _publish's two renames), else removed."""
     done = []
     for path in sorted(directory.glob(".step_*")):
         if not path.is_dir():
             continue
-        if path.name.endswith(".replaced") and not (directory / path.name[1:-9]).exists():
-            path.rename(directory / path.name[1:-9])
+        tag = path.name[1:].rsplit(".", 1)[0]
+        if path.name.endswith(".replaced") and not (directory / tag).exists():
+            path.rename(directory / tag)
             done.append(f"{path.name} (restored)")
-        elif path.name.endswith((".partial", ".replaced")):
+        elif path.name.endswith((".partial", ".replaced", ".pruned")):
             shutil.rmtree(path)
             done.append(path.name)
     return done
 
 
 def prune(directory: Path, keep_last: int | None, keep: str) -> list[str]:
-    """Delete the oldest tags so that at most keep_last remain (never `keep`)."""
+    """Delete the oldest tags so that at most keep_last remain up to `keep` (the tag
+    just saved, never deleted). Tags of later steps, left by a run this one resumed
+    before, are not counted and not touched. Each is renamed to a hidden .pruned
+    folder first, so a kill mid-deletion leaves nothing that looks like a tag."""
     if keep_last is None:
         return []
-    tags = [p for _, p in tags_in(directory)]
+    newest = int(keep.split("_")[1])
+    tags = [p for step, p in tags_in(directory) if step <= newest]
     doomed = [p for p in tags[: max(0, len(tags) - keep_last)] if p.name != keep]
     for path in doomed:
-        shutil.rmtree(path)
+        hidden = path.with_name(f".{path.name}.pruned")
+        path.rename(hidden)
+        shutil.rmtree(hidden)
     return [p.name for p in doomed]

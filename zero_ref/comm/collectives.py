@@ -188,10 +188,16 @@ class Comm:
         """Smallest of one int64 per rank; `kind` names it in the ledger."""
         return int(self._allreduce_small(np.array([value], np.int64), MPI.MIN, kind)[0])
 
+    def allreduce_max_float64(self, value: float, kind: str) -> float:
+        """Largest of one float64 per rank (e.g. the slowest rank's time)."""
+        return float(self._allreduce_small(np.array([value], np.float64), MPI.MAX, kind)[0])
+
     def _allreduce_small(self, values: np.ndarray, op: MPI.Op, kind: str) -> np.ndarray:
         """Allreduce of a small array (norms, losses, flags); ledger bytes as for a
         ring all-reduce, 2 (W-1)/W of the array, at least one element each way."""
-        op_name = "allreduce" if op == MPI.SUM else "allreduce_min"
+        op_name = (
+            "allreduce" if op == MPI.SUM else "allreduce_min" if op == MPI.MIN else "allreduce_max"
+        )
         self._agree(op_name, values.size, values.dtype.name)
         t0 = time.perf_counter()
         out = np.empty_like(values)
