@@ -66,7 +66,7 @@ def test_vocab_round_trip():
     vocab, tokens = encode_corpus(text)
     assert vocab.chars == "".join(sorted(set(text)))
     assert vocab.size == len(set(text))
-    assert tokens.dtype == np.int32 and tokens.shape == (len(text),)
+    assert tokens.dtype == np.uint8 and tokens.shape == (len(text),)  # a small vocabulary
     assert vocab.decode(tokens) == text
     assert vocab.decode(vocab.encode("low")) == "low"
     assert list(vocab.encode(vocab.chars)) == list(range(vocab.size))

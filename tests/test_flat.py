@@ -261,7 +261,7 @@ def test_small_units_share_a_bucket():
 
 
 def test_no_units_no_buckets():
-    assert plan_buckets([], [], 10, 4) == []
+    assert len(plan_buckets([], [], 10, 4)) == 0 and list(plan_buckets([], [], 10, 4)) == []
 
 
 @pytest.mark.parametrize("bucket_numel", [0, -1])

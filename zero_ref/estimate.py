@@ -104,7 +104,7 @@ def _bucket_bytes(layout: FlatLayout, bucket_numel: int, grad_accum: int) -> int
         bucket_numel,
         layout.world_size,
     )
-    widest = max((b.shard_numel for b in plan), default=0)
+    widest = plan.widest()
     return F32 * widest * (layout.world_size + (1 if grad_accum > 1 else 0))
 
 

@@ -83,7 +83,9 @@ class CharVocab:
         return len(self.chars)
 
     def encode(self, text: str) -> np.ndarray:
-        """str -> (len(text),) int32 token ids; unknown characters are an error."""
+        """str -> (len(text),) token ids in the smallest unsigned dtype that holds the
+        vocabulary (uint8 for up to 256 characters: the corpus is every rank's, so it
+        costs a quarter of int32); unknown characters are an error. Batches are int32."""
         cps = _codepoints(text)
         ids = np.searchsorted(self._codepoints, cps)  # vectorised dict lookup
         ids = np.minimum(ids, self.size - 1)
@@ -91,7 +93,7 @@ class CharVocab:
         if unknown.any():
             bad = text[int(np.argmax(unknown))]
             raise ValueError(f"character {bad!r} is not in the vocabulary of {self.size}")
-        return ids.astype(np.int32)
+        return ids.astype(np.min_scalar_type(max(self.size - 1, 0)))
 
     def decode(self, ids: np.ndarray) -> str:
         """Token ids (any shape, flattened) -> str."""
@@ -104,7 +106,7 @@ def _codepoints(text: str) -> np.ndarray:
 
 
 def encode_corpus(text: str) -> tuple[CharVocab, np.ndarray]:
-    """Build the vocabulary of `text` and encode it: (vocab, tokens (N,) int32)."""
+    """Build the vocabulary of `text` and encode it: (vocab, tokens (N,) uint8/16/32)."""
     vocab = CharVocab.from_text(text)
     return vocab, vocab.encode(text)
 
@@ -134,7 +136,7 @@ def micro_batches(
     shape = (grad_accum, world_size, micro_batch_size)
     starts = _window_starts(tokens, "context", context, shape, step, seed)
     idx = starts[..., None] + np.arange(context)  # (k, W, b, K)
-    return tokens[idx], tokens[starts + context]
+    return tokens[idx].astype(np.int32), tokens[starts + context].astype(np.int32)
 
 
 def sequence_batches(
@@ -154,7 +156,7 @@ def sequence_batches(
     shape = (grad_accum, world_size, micro_batch_size)
     starts = _window_starts(tokens, "seq_len", seq_len, shape, step, seed)
     idx = starts[..., None] + np.arange(seq_len)  # (k, W, b, T)
-    return tokens[idx], tokens[idx + 1]
+    return tokens[idx].astype(np.int32), tokens[idx + 1].astype(np.int32)
 
 
 def _window_starts(

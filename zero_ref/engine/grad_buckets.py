@@ -18,7 +18,7 @@ import numpy as np
 
 from zero_ref.comm.collectives import Comm
 from zero_ref.engine.placement import HostPlacement
-from zero_ref.layout.buckets import Bucket, plan_buckets
+from zero_ref.layout.buckets import Bucket, BucketPlan, plan_buckets
 from zero_ref.layout.flat import FlatLayout, rank_rows
 
 
@@ -37,17 +37,13 @@ class GradientBuckets:
         self.layout, self.comm, self.shard_grads = layout, comm, shard_grads
         self.world = layout.world_size
         units = layout.units
-        self.plan: list[Bucket] = plan_buckets(
+        self.plan: BucketPlan = plan_buckets(
             [u.shard_numel for u in units],
             [u.shard_offset for u in units],
             bucket_numel,
             self.world,
         )
-        self.of_unit: dict[int, list[Bucket]] = {i: [] for i in range(len(units))}
-        for bucket in self.plan:  # top-down, the order backward meets them
-            for i in range(bucket.first_unit, bucket.last_unit + 1):
-                self.of_unit[i].append(bucket)
-        widest = max((b.shard_numel for b in self.plan), default=0)
+        widest = self.plan.widest()
         self.staging = place.zeros("buffers", "bucket_staging", self.world * widest)
         self.reduce_out = None  # landing space for micro-steps after the first
         if grad_accum > 1:
@@ -57,7 +53,8 @@ class GradientBuckets:
         """Unit i's padded gradient range is final: pack it, fire what it completes."""
         unit = self.layout.units[i]
         rows = rank_rows(unit_grads, unit)  # (W, s_u): row r is rank r's slice
-        for bucket in self.of_unit[i]:
+        for k in self.plan.of_unit(i):  # top-down, the order backward meets them
+            bucket = self.plan[k]
             lo = max(bucket.shard_offset, unit.shard_offset)
             hi = min(bucket.shard_offset + bucket.shard_numel, unit.shard_offset + unit.shard_numel)
             staging = self._staging(bucket)

@@ -18,8 +18,10 @@ Only one bucket is open at a time: one staging matrix is enough.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,46 @@ class Bucket:
     shard_numel: int  # columns of the (world_size, shard_numel) staging matrix
 
 
+class BucketPlan:
+    """The buckets, in the order backward fires them, held as four integer arrays: a
+    model has one bucket per bucket_numel / world_size columns (thousands), and a
+    Python object each would grow with the model. Indexing makes a Bucket."""
+
+    def __init__(self, first: np.ndarray, last: np.ndarray, offset: np.ndarray, numel: np.ndarray):
+        self.first_unit, self.last_unit, self.shard_offset, self.shard_numel = (
+            first,
+            last,
+            offset,
+            numel,
+        )
+
+    def __len__(self) -> int:
+        return len(self.shard_offset)
+
+    def __getitem__(self, k: int | slice) -> Bucket | list[Bucket]:
+        if isinstance(k, slice):
+            return [self[i] for i in range(len(self))[k]]
+        return Bucket(
+            int(self.first_unit[k]),
+            int(self.last_unit[k]),
+            int(self.shard_offset[k]),
+            int(self.shard_numel[k]),
+        )
+
+    def __iter__(self) -> Iterator[Bucket]:
+        return (self[k] for k in range(len(self)))
+
+    def widest(self) -> int:
+        """Columns of the widest bucket (0 for no buckets)."""
+        return int(self.shard_numel.max()) if len(self) else 0
+
+    def of_unit(self, unit: int) -> range:
+        """Indices of the buckets that touch `unit`: consecutive, since both the
+        buckets and the units are consecutive ranges of the shard space."""
+        touching = np.flatnonzero((self.first_unit <= unit) & (unit <= self.last_unit))
+        return range(int(touching[0]), int(touching[-1]) + 1) if touching.size else range(0)
+
+
 def bucket_columns(bucket_numel: int, world_size: int) -> int:
     """Columns per bucket: bucket_numel elements over world_size rows, at least 1."""
     if bucket_numel < 1:
@@ -42,25 +84,20 @@ def bucket_columns(bucket_numel: int, world_size: int) -> int:
 
 def plan_buckets(
     shard_numels: Sequence[int], shard_offsets: Sequence[int], bucket_numel: int, world_size: int
-) -> list[Bucket]:
-    """Buckets in the order backward fires them (the top of the shard space first)."""
+) -> BucketPlan:
+    """Buckets in the order backward fires them (the top of the shard space first):
+    bucket k covers [max(0, top_k - columns), top_k) with top_k = total - k * columns,
+    and touches the units (with columns) that overlap it."""
     columns = bucket_columns(bucket_numel, world_size)
-    total = sum(shard_numels)
-    buckets, top = [], total
-    while top > 0:
-        start = max(0, top - columns)
-        touched = units_touching(shard_numels, shard_offsets, start, top)
-        buckets.append(Bucket(touched[0], touched[-1], start, top - start))
-        top = start
-    return buckets
-
-
-def units_touching(
-    shard_numels: Sequence[int], shard_offsets: Sequence[int], start: int, stop: int
-) -> list[int]:
-    """Units (with columns) whose shard range overlaps [start, stop), lowest first."""
-    return [
-        u
-        for u, (offset, numel) in enumerate(zip(shard_offsets, shard_numels, strict=True))
-        if numel and offset < stop and start < offset + numel
-    ]
+    numels = np.asarray(shard_numels, np.int64)
+    offsets = np.asarray(shard_offsets, np.int64)
+    if len(numels) != len(offsets) or np.any(offsets[1:] < offsets[:-1] + numels[:-1]):
+        raise ValueError("shard ranges must be given in order and must not overlap")
+    total = int(numels.sum())
+    tops = np.arange(total, 0, -columns, dtype=np.int64)
+    starts = np.maximum(0, tops - columns)
+    units = np.flatnonzero(numels)  # units with columns, in order
+    ends = offsets[units] + numels[units]
+    first = units[np.searchsorted(ends, starts, side="right")] if len(tops) else tops
+    last = units[np.searchsorted(offsets[units], tops, side="left") - 1] if len(tops) else tops
+    return BucketPlan(first, last, starts, tops - starts)
