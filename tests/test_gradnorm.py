@@ -158,6 +158,32 @@ def test_fast_kernel_is_bitwise_its_twin(n):
     assert as_bits(sumsq_fast(x)) == as_bits(sumsq_fast_reference(x))
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_fast_kernel_passes_nan_and_inf_on_like_its_twin(bad):
+    """In fast mode this sum is the NaN/Inf detector: one bad element anywhere in any
+    chunk makes the sum non-finite, in the kernel as in the twin."""
+    x = spanning(np.random.default_rng(3), (1 << 16) + 7)
+    for where in (0, 1 << 15, x.size - 1):
+        y = x.copy()
+        y[where] = bad
+        fast, twin = sumsq_fast(y), sumsq_fast_reference(y)
+        assert not math.isfinite(fast) and math.isnan(fast) == math.isnan(twin)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fast_kernel_does_not_depend_on_the_thread_count(threads):
+    """Chunks are fixed, so the partial sums and their order do not move with threads."""
+    import numba
+
+    x = spanning(np.random.default_rng(11), 5 * (1 << 16) + 3)
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        assert as_bits(sumsq_fast(x)) == as_bits(sumsq_fast_reference(x))
+    finally:
+        numba.set_num_threads(before)
+
+
 def test_fast_sum_of_squares_is_within_1e_5_at_ten_million_elements():
     """The float32 dot product it replaced was off by a relative 7.7e-5 here."""
     rng = np.random.default_rng(10**7)

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zero_ref.app.cli import Parsed, UsageError, parse_args
-from zero_ref.layout.buckets import plan_buckets
-from zero_ref.layout.flat import FlatLayout, build_layout
+from zero_ref.engine.memory import fp32_buffer_bytes, fp32_formula_bytes
+from zero_ref.layout.flat import FlatLayout, model_layout
 from zero_ref.models.gpt import GPT
 from zero_ref.models.mlp import CharMLP
 from zero_ref.models.unit import Model
@@ -63,49 +63,17 @@ class RankEstimate:
         return nbytes / max(self.numel, 1)
 
 
-def model_layout(model: Model, world: int) -> FlatLayout:
-    """The padded layout an engine builds for `model` on `world` ranks."""
-    return build_layout(
-        [(u.name, [(s.name, s.shape) for s in u.param_specs()]) for u in model.units], world
-    )
-
-
-def widest_unit_bytes(layout: FlatLayout) -> int:
-    """The buffers that hold one whole unit are sized for the widest."""
-    return F32 * max((u.padded_numel for u in layout.units), default=0)
-
-
 def state_bytes(
     layout: FlatLayout, stage: int, bucket_numel: int, grad_accum: int
 ) -> dict[str, int]:
-    """Bytes by ledger category that a rank of `stage` allocates (zero_ref/engine/)."""
-    full, shard = F32 * layout.full_numel, F32 * layout.shard_numel
-    widest_unit = widest_unit_bytes(layout)
-    grads = {0: full * (2 if grad_accum > 1 else 1), 1: full + shard, 2: shard, 3: shard}[stage]
-    buffers = 0 if stage == 0 else _bucket_bytes(layout, bucket_numel, grad_accum)
-    if stage >= 2:
-        buffers += widest_unit  # unit_grad_scratch: backward writes one unit at a time
-    if stage == 3:
-        buffers += widest_unit  # gathered_unit: the one unit whose parameters are whole
+    """Bytes by ledger category that a rank of `stage` allocates: the ledger's own
+    formulas (zero_ref/engine/memory.py), from the layout alone."""
+    world = layout.world_size
+    unit_numels = [u.padded_numel for u in layout.units]
     return {
-        "params": full if stage < 3 else shard,
-        "grads": grads,
-        "optimizer": 2 * (full if stage == 0 else shard),  # AdamW's m and v
-        "buffers": buffers,
+        **fp32_formula_bytes(stage, layout.full_numel, world, grad_accum),
+        "buffers": fp32_buffer_bytes(stage, unit_numels, world, bucket_numel, grad_accum),
     }
-
-
-def _bucket_bytes(layout: FlatLayout, bucket_numel: int, grad_accum: int) -> int:
-    """The staging matrix (world x widest bucket), and reduce_out when k > 1."""
-    units = layout.units
-    plan = plan_buckets(
-        [u.shard_numel for u in units],
-        [u.shard_offset for u in units],
-        bucket_numel,
-        layout.world_size,
-    )
-    widest = plan.widest()
-    return F32 * widest * (layout.world_size + (1 if grad_accum > 1 else 0))
 
 
 def gpt_activation_bytes(model: GPT, batch: int, seq: int, checkpoint: bool = False) -> int:

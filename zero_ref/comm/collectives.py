@@ -254,7 +254,10 @@ def _check_blocks(full: np.ndarray, block: np.ndarray | None, world: int) -> Non
     """full (and block) must be contiguous float32, full holding W * block.size elements."""
     for buf in (full,) if block is None else (full, block):
         if buf.dtype != np.float32 or not buf.flags.c_contiguous:
-            raise ValueError(f"collective buffers must be contiguous float32, got {buf.dtype}")
+            layout = "contiguous" if buf.flags.c_contiguous else "not contiguous"
+            raise ValueError(
+                f"collective buffers must be contiguous float32; got {buf.dtype}, {layout}"
+            )
     if full.size % world:
         raise ValueError(f"buffer of {full.size} elements does not split into {world} blocks")
     if block is not None and block.size * world != full.size:

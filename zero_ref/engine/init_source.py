@@ -58,7 +58,10 @@ class RandomInit:
     def fill_unit(self, unit: UnitLayout, out: np.ndarray, lo: int, hi: int) -> None:
         model_unit = self.model.units[self.next_unit]
         if model_unit.name != unit.name:
-            raise RuntimeError(f"RandomInit: units must come in order; got {unit.name}")
+            raise RuntimeError(
+                f"RandomInit: units must come in forward order; expected {model_unit.name} "
+                f"(unit {self.next_unit}), got {unit.name}"
+            )
         drawn = {
             full_name(model_unit, s): draw_param(s, self.rng) for s in model_unit.param_specs()
         }

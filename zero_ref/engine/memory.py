@@ -47,6 +47,9 @@ class MemoryLedger:
     def drop(self, category: str, name: str) -> None:
         del self.held[category][name]
 
+    def holds(self, category: str, name: str) -> bool:
+        return name in self.held[category]
+
     def bytes_by_category(self) -> dict[str, int]:
         return {c: sum(int(a.nbytes) for a in arrays.values()) for c, arrays in self.held.items()}
 

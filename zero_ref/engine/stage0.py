@@ -26,7 +26,7 @@ from zero_ref.engine.memory import MemoryLedger
 from zero_ref.engine.packing import unpack_full
 from zero_ref.engine.placement import HostPlacement
 from zero_ref.layout.buckets import bucket_columns
-from zero_ref.layout.flat import FlatLayout, UnitLayout, build_layout, rank_rows, tensor_views
+from zero_ref.layout.flat import FlatLayout, UnitLayout, model_layout, rank_rows, tensor_views
 from zero_ref.models.unit import Model
 from zero_ref.optim.adamw import adamw_kernel, adamw_scalars, with_lr
 from zero_ref.optim.gradnorm import clip_coefficient, global_grad_norm
@@ -80,10 +80,7 @@ class Stage0DataParallel:
     ) -> None:
         self.model, self.cfg, self.comm = model, cfg, comm
         self.world, self.rank = comm.size, comm.rank
-        self.layout: FlatLayout = build_layout(
-            [(u.name, [(s.name, s.shape) for s in u.param_specs()]) for u in model.units],
-            comm.size,
-        )
+        self.layout: FlatLayout = model_layout(model, comm.size)
         self.memory = MemoryLedger()
         self.place = HostPlacement(self.memory)  # where every model-sized array lives
         self.step_count = 0
@@ -268,7 +265,7 @@ class Stage0DataParallel:
                         self.comm.gather_to_root(shard[unit.shard_slice()], flat, "consolidate")
                 if self.rank == 0:
                     sink(kind, unit, flat)
-        if "landing" in self.memory.held["buffers"]:
+        if self.memory.holds("buffers", "landing"):
             self.memory.drop("buffers", "landing")
 
     def owned_state(self, kind: str, unit: UnitLayout) -> np.ndarray:
@@ -295,8 +292,7 @@ class Stage0DataParallel:
     def _landing_buffer(self) -> np.ndarray:
         """Where rank 0 receives a sharded unit: a buffer of the widest unit, held while
         streaming (stage 3 lends its idle gathered-unit buffer instead)."""
-        widest = max((u.padded_numel for u in self.layout.units), default=0)
-        return self.memory.hold("buffers", "landing", np.empty(widest, np.float32))
+        return self.place.empty("buffers", "landing", self.layout.widest_unit_numel)
 
     def _state_buffers(self, kind: str) -> tuple[np.ndarray | None, np.ndarray | None]:
         """(the full buffer if this rank keeps it whole, else None; its shard buffer)."""

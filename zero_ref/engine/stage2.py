@@ -21,7 +21,7 @@ class Stage2GradientsSharded(Stage1OptimizerSharded):
     stage = 2
 
     def _init_grads(self) -> None:
-        widest = max((u.padded_numel for u in self.layout.units), default=0)
+        widest = self.layout.widest_unit_numel
         self.unit_grad_scratch = self.place.zeros("buffers", "unit_grad_scratch", widest)
         self._init_buckets()
 

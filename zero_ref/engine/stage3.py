@@ -30,7 +30,7 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
             lo = self.rank * unit.shard_numel
             source.fill_unit(unit, shard[unit.shard_slice()], lo, lo + unit.shard_numel)
         self.shard_params = shard
-        widest = max((u.padded_numel for u in self.layout.units), default=0)
+        widest = self.layout.widest_unit_numel
         self.gathered = self.place.empty("buffers", "gathered_unit", widest)
         self.gathered_unit: int | None = None  # which unit `gathered` holds now
 

@@ -105,6 +105,12 @@ class FlatLayout:
         """Elements of one rank's shard buffer (full_numel / world_size)."""
         return self.full_numel // self.world_size
 
+    @property
+    def widest_unit_numel(self) -> int:
+        """Padded elements of the widest unit: what a buffer holding any one whole
+        unit (stage 3's gathered unit, a unit's gradient scratch) must hold."""
+        return max((u.padded_numel for u in self.units), default=0)
+
     def names(self) -> list[str]:
         return [f"{u.name}.{s.name}" for u in self.units for s in u.slots]
 
@@ -145,6 +151,15 @@ def build_layout(
         full_offset += unit.padded_numel
         shard_offset += unit.shard_numel
     return FlatLayout(tuple(built), world_size)
+
+
+def model_layout(model, world_size: int) -> FlatLayout:
+    """The layout of a model's units (zero_ref/models/unit.py: each has a `name` and
+    `param_specs()`), in forward order: what an engine and the estimate both build."""
+    return build_layout(
+        [(u.name, [(s.name, s.shape) for s in u.param_specs()]) for u in model.units],
+        world_size,
+    )
 
 
 def tensor_views(unit_buffer: np.ndarray, unit: UnitLayout) -> dict[str, np.ndarray]:

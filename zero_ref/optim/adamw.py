@@ -126,10 +126,12 @@ def adamw_kernel(
 
 
 def _check_shard(*arrays: np.ndarray) -> None:
+    names = ("param", "grad", "exp_avg", "exp_avg_sq")
     n = arrays[0].shape
-    for a in arrays:
+    for name, a in zip(names, arrays, strict=False):
         if a.dtype != np.float32 or a.ndim != 1 or a.shape != n or not a.flags.c_contiguous:
             raise ValueError(
-                f"AdamW wants 1-D contiguous float32 arrays of one length; "
-                f"got dtype={a.dtype}, shape={a.shape}"
+                f"AdamW: {name} is {a.dtype} {a.shape}"
+                f"{'' if a.flags.c_contiguous else ' (not contiguous)'}; all four arrays must "
+                f"be 1-D contiguous float32 of param's length {n[0] if n else 0}"
             )
