@@ -40,14 +40,13 @@ from bench_common import emit, load_average
 
 from zero_ref.app.cli import parse_args
 from zero_ref.checkpoint.consolidate import WINDOW_NUMEL
-from zero_ref.checkpoint.manifest import read_manifest, resolve_tag
+from zero_ref.checkpoint.manifest import STATE_KINDS, read_manifest, resolve_tag
 from zero_ref.estimate import model_for, model_layout
 from zero_ref.io.metrics_log import read_jsonl
 from zero_ref.io.tensor_io import load_named
 
 CHUNK_BYTES = 16 << 20  # the disk test writes and reads this much at a time
 F32 = 4
-STATE_KINDS = 3  # param, exp_avg, exp_avg_sq: the tensors of every rank file
 
 
 # ---- the disk on its own
@@ -119,7 +118,7 @@ def rank_file_bytes(a: argparse.Namespace) -> int:
     """Data bytes of one rank file of the save (without its small header)."""
     flags = [*model_flags(a), "--micro-batch-size", str(a.micro_batch_size)]
     parsed = parse_args(flags, a.ranks)
-    return STATE_KINDS * F32 * model_layout(model_for(parsed, a.ranks), a.ranks).shard_numel
+    return len(STATE_KINDS) * F32 * model_layout(model_for(parsed, a.ranks), a.ranks).shard_numel
 
 
 def launch(cmd: list[str], a: argparse.Namespace) -> subprocess.CompletedProcess:

@@ -212,6 +212,7 @@ def main() -> None:
         plot(results, a.ranks, a.plot)
         print(f"plot: {a.plot}")
     out = {"ranks": a.ranks, "context": a.context, "steps": a.steps, "export": a.export}
+    out["checkpoint_activations"] = a.checkpoint_activations
     out.update(budget_gib=a.budget_gib, load_average=a.load_average, targets=checked)
     print(json.dumps({**out, "sizes": results}))
 

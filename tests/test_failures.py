@@ -281,7 +281,8 @@ def test_a_lone_failure_before_training_aborts_instead_of_waiting():
     record(
         "bad input seen by one rank only, before training",
         "ValueError on rank 1, others in a collective",
-        "the guard's barrier times out (2 s); rank 1 prints its error and aborts",
+        "the guard's barrier times out (2 s here, 5 s by default); "
+        "rank 1 prints its error and aborts",
         job,
         job.seconds,
         timing="whole job",

@@ -9,7 +9,9 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
+from zero_ref.app.output_paths import check_output_file
 from zero_ref.app.process_memory import resident_bytes
 from zero_ref.checkpoint.consolidate import WINDOW_NUMEL, consolidate
 from zero_ref.checkpoint.manifest import CheckpointError
@@ -45,6 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"consolidate: {args.out}: the output must be a .safetensors file", file=sys.stderr)
         return 2
     try:
+        check_output_file("OUT", Path(args.out), (".safetensors",))  # before any reading
         checkpoint = Checkpoint(args.checkpoint)
         try:
             done = consolidate(checkpoint, args.out, args.optimizer_states, args.window)

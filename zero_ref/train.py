@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from zero_ref import __version__
-from zero_ref.app.cli import Parsed, UsageError, parse_args
+from zero_ref.app.cli import Parsed, parse_args
 from zero_ref.app.data import encode_corpus, load_text, unigram_entropy
 from zero_ref.app.failure import step_started
 from zero_ref.app.output_paths import check_output_paths, output_paths, remove_stale_temporaries
@@ -252,8 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     world = MPI.COMM_WORLD
     # Bad input on every rank: one message from rank 0, exit 2. Any other failure,
     # on any rank: that rank's message, then MPI_Abort ends the whole job.
-    bad_input = (UsageError, ValueError, FileNotFoundError)
-    with FailureGuard(world, "zero_ref.train", input_errors=bad_input) as guard:
+    with FailureGuard(world, "zero_ref.train") as guard:  # UsageError is a ValueError
         try:
             parsed = parse_args(argv, world.size, world.rank)
         except SystemExit as e:  # --help

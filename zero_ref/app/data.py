@@ -59,6 +59,9 @@ def _decode_corpus(raw: bytes, where: str) -> str:
         ) from None
 
 
+ENCODE_CHUNK = 1 << 18  # characters encoded at a time
+
+
 @dataclass(frozen=True)
 class CharVocab:
     """A character-level vocabulary: token id i is the i-th of the sorted `chars`."""
@@ -85,15 +88,21 @@ class CharVocab:
     def encode(self, text: str) -> np.ndarray:
         """str -> (len(text),) token ids in the smallest unsigned dtype that holds the
         vocabulary (uint8 for up to 256 characters: the corpus is every rank's, so it
-        costs a quarter of int32); unknown characters are an error. Batches are int32."""
-        cps = _codepoints(text)
-        ids = np.searchsorted(self._codepoints, cps)  # vectorised dict lookup
-        ids = np.minimum(ids, self.size - 1)
-        unknown = self._codepoints[ids] != cps
-        if unknown.any():
-            bad = text[int(np.argmax(unknown))]
-            raise ValueError(f"character {bad!r} is not in the vocabulary of {self.size}")
-        return ids.astype(np.min_scalar_type(max(self.size - 1, 0)))
+        costs a quarter of int32); unknown characters are an error. Batches are int32.
+        Encoded ENCODE_CHUNK characters at a time, so its temporaries (about 20 bytes
+        a character) stay a few MiB whatever the corpus's size."""
+        out = np.empty(len(text), np.min_scalar_type(max(self.size - 1, 0)))
+        for start in range(0, len(text), ENCODE_CHUNK):
+            piece = text[start : start + ENCODE_CHUNK]
+            cps = _codepoints(piece)
+            ids = np.searchsorted(self._codepoints, cps)  # vectorised dict lookup
+            ids = np.minimum(ids, self.size - 1)
+            unknown = self._codepoints[ids] != cps
+            if unknown.any():
+                bad = piece[int(np.argmax(unknown))]
+                raise ValueError(f"character {bad!r} is not in the vocabulary of {self.size}")
+            out[start : start + len(piece)] = ids
+        return out
 
     def decode(self, ids: np.ndarray) -> str:
         """Token ids (any shape, flattened) -> str."""

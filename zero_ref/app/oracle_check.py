@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from zero_ref.app.failure import CollectiveError
+from zero_ref.checkpoint.manifest import STATE_KINDS
 from zero_ref.config import ZeroConfig
 from zero_ref.layout.flat import tensor_views
 from zero_ref.oracle import Oracle
@@ -35,7 +36,6 @@ from zero_ref.oracle_bound import (
     worst_violation,
 )
 
-STATE_KINDS = ("param", "exp_avg", "exp_avg_sq")
 LOSS_RELATIVE = 1e-12  # the loss is a float64 mean of the same per-rank losses, reordered
 
 

@@ -33,7 +33,7 @@ def check_output_paths(run: RunConfig) -> None:
     """Raise UsageError naming the flag and the problem, before any work is done."""
     paths = output_paths(run)
     for flag, path in paths.items():
-        _check_one(f"--{flag.replace('_', '-')}", path, EXTENSIONS[flag])
+        check_output_file(f"--{flag.replace('_', '-')}", path, EXTENSIONS[flag])
     resolved = [p.resolve() for p in paths.values()]
     if len(set(resolved)) < len(resolved):
         raise UsageError(f"--export and --log-jsonl name the same file {resolved[0]}")
@@ -53,7 +53,7 @@ def check_save_dir(folder: Path) -> None:
         raise UsageError(f"--save-dir {folder}: the folder is not writable")
 
 
-def _check_one(flag: str, path: Path, extensions: tuple[str, ...]) -> None:
+def check_output_file(flag: str, path: Path, extensions: tuple[str, ...]) -> None:
     if path.suffix not in extensions:
         raise UsageError(
             f"{flag} {path}: the extension must be {' or '.join(extensions)}, not "

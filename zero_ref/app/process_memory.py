@@ -54,6 +54,3 @@ class PhasePeaks:
         self.peaks[phase] = max(0, peak - self.baseline)
         if self.resettable:
             reset_peak()
-
-    def overall(self) -> int:
-        return max(self.peaks.values(), default=0)

@@ -41,7 +41,7 @@ def training_record(parsed: Parsed, step: int, engine, tokens: np.ndarray) -> di
             "grad_accum": zero.grad_accum,
             "world_size": engine.world,
             "corpus_chars": int(tokens.size),
-            "corpus_crc32": zlib.crc32(np.ascontiguousarray(tokens).data),
+            "corpus_crc32": corpus_crc32(tokens),
         },
         "rng": {
             "batches": "numpy default_rng([seed, step]) per step: no state to carry",
@@ -55,6 +55,11 @@ def training_record(parsed: Parsed, step: int, engine, tokens: np.ndarray) -> di
 
 
 TRAINING_KEYS = (("config", "run"), ("config", "zero"), ("data", "corpus_crc32"), ("lr_schedule",))
+
+
+def corpus_crc32(tokens: np.ndarray) -> int:
+    """The corpus's fingerprint in a manifest: a resume on other text is reported."""
+    return zlib.crc32(np.ascontiguousarray(tokens).data)
 
 
 def open_checkpoint(parsed: Parsed, model: Model) -> Checkpoint:
@@ -105,7 +110,7 @@ def announce_resume(checkpoint, parsed, world, tokens, loaded, progress, log) ->
     and its --log-jsonl record."""
     for line in describe_resume(checkpoint, parsed, world):
         progress.always(line)
-    if checkpoint.manifest["training"]["data"]["corpus_crc32"] != zlib.crc32(tokens.data):
+    if checkpoint.manifest["training"]["data"]["corpus_crc32"] != corpus_crc32(tokens):
         progress.always("resume: the corpus differs from the one the checkpoint saw")
     last = parsed.run.stop_at_step or parsed.run.steps
     if checkpoint.step == last:

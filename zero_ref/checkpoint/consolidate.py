@@ -64,8 +64,6 @@ def consolidate(
 
 
 def _stream_tensor(checkpoint, writer, kind, name, unit, slot, buffer) -> None:
-    if slot.numel == 0:
-        writer.write_part(name, buffer[:0])
     for a in range(0, slot.numel, max(1, buffer.size)):  # size 0: every tensor is empty
         b = min(slot.numel, a + buffer.size)
         piece = buffer[: b - a]

@@ -146,16 +146,6 @@ class Checkpoint:
                     "the end of the file"
                 )
 
-    def read_tensor(self, kind: str, name: str) -> np.ndarray:
-        """A whole tensor of state `kind` in its shape ("block0.attn.qkv.weight")."""
-        for unit in self.layout.units:
-            for slot in unit.slots:
-                if f"{unit.name}.{slot.name}" == name:
-                    out = np.empty(slot.numel, np.float32)
-                    self.read_range(kind, unit, slot.offset, slot.offset + slot.numel, out)
-                    return out.reshape(slot.shape)
-        raise KeyError(name)
-
     def source(self, kind: str) -> StateSource:
         return StateSource(self, kind)
 
@@ -193,22 +183,13 @@ class Checkpoint:
 
 
 class StateSource:
-    """One state kind of a checkpoint, as an InitSource (fill_unit, all_parameters)."""
+    """One state kind of a checkpoint, as an InitSource (zero_ref/engine/init_source.py)."""
 
     def __init__(self, checkpoint: Checkpoint, kind: str) -> None:
         self.checkpoint, self.kind = checkpoint, kind
 
     def fill_unit(self, unit: UnitLayout, out: np.ndarray, lo: int, hi: int) -> None:
         self.checkpoint.read_range(self.kind, unit, lo, hi, out)
-
-    def all_parameters(self) -> dict[str, np.ndarray]:
-        """Every tensor of this kind, whole (the single-rank oracle on rank 0 only)."""
-        ckpt = self.checkpoint
-        return {
-            f"{u.name}.{s.name}": ckpt.read_tensor(self.kind, f"{u.name}.{s.name}")
-            for u in ckpt.layout.units
-            for s in u.slots
-        }
 
 
 def _is_int(value) -> bool:

@@ -31,9 +31,6 @@ class InitSource(Protocol):
     def fill_unit(self, unit: UnitLayout, out: np.ndarray, lo: int, hi: int) -> None:
         """out[:] = elements [lo, hi) of `unit`'s padded flat range (padding is 0)."""
 
-    def all_parameters(self) -> dict[str, np.ndarray]:
-        """Every parameter, whole (only for the single-rank oracle on rank 0)."""
-
 
 def fill_from(unit: UnitLayout, read, out: np.ndarray, lo: int, hi: int) -> None:
     """Fill out (hi - lo elements) from read(tensor name, start, stop) -> flat array,
@@ -68,11 +65,6 @@ class RandomInit:
         fill_from(unit, lambda name, a, b: drawn[name].reshape(-1)[a:b], out, lo, hi)
         self.next_unit += 1
 
-    def all_parameters(self) -> dict[str, np.ndarray]:
-        from zero_ref.models.unit import init_params
-
-        return init_params(self.model, self.seed)
-
 
 class FileInit:
     """Initial parameters from a file, checked against the model before any work."""
@@ -84,9 +76,6 @@ class FileInit:
 
     def fill_unit(self, unit: UnitLayout, out: np.ndarray, lo: int, hi: int) -> None:
         fill_from(unit, self.file.read, out, lo, hi)
-
-    def all_parameters(self) -> dict[str, np.ndarray]:
-        return {name: self.file.read_all(name) for name in self.file.shapes}
 
 
 class NamedInit:
@@ -103,9 +92,6 @@ class NamedInit:
         fill_from(
             unit, lambda name, a, b: np.asarray(self.named[name]).reshape(-1)[a:b], out, lo, hi
         )
-
-    def all_parameters(self) -> dict[str, np.ndarray]:
-        return {k: np.asarray(v, np.float32) for k, v in self.named.items()}
 
 
 def as_init_source(init: InitSource | Mapping[str, np.ndarray], model: Model) -> InitSource:

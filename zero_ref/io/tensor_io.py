@@ -54,9 +54,9 @@ class TensorFile:
     def _open(self) -> None:
         if self.path.suffix == ".npz":
             self._npz = np.load(self.path, allow_pickle=False)
-            members = {k: self._npz[k] for k in self._npz.files}  # read to learn shapes: once
-            self.shapes = {k: tuple(v.shape) for k, v in members.items()}
-            self.dtypes = {k: v.dtype for k, v in members.items()}
+            headers = _npz_headers(self.path)  # shapes from the .npy headers: no data read
+            self.shapes = {k: shape for k, (shape, _) in headers.items()}
+            self.dtypes = {k: dtype for k, (_, dtype) in headers.items()}
             self._cache: tuple[str, np.ndarray] | None = None
             return
         self._npz = None
@@ -98,6 +98,23 @@ class TensorFile:
     def close(self) -> None:
         if self._npz is not None:
             self._npz.close()
+
+
+def _npz_headers(path: Path) -> dict[str, tuple[tuple, np.dtype]]:
+    """{member: (shape, dtype)} of an .npz, from each member's .npy header alone (a
+    member is decompressed only as far as its header)."""
+    found = {}
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            if not info.filename.endswith(".npy"):
+                continue
+            with archive.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                read = {(1, 0): np.lib.format.read_array_header_1_0}
+                read = read.get(version, np.lib.format.read_array_header_2_0)
+                shape, _, dtype = read(f)
+            found[info.filename[: -len(".npy")]] = (tuple(shape), dtype)
+    return found
 
 
 def read_header(path: Path) -> tuple[dict[str, dict], int]:
