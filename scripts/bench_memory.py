@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from zero_ref.app.cli import parse_args
-from zero_ref.engine.memory import fp32_formula_bytes, paper_formula_bytes
+from zero_ref.engine.memory import formula_bytes, paper_formula_bytes
 from zero_ref.estimate import estimate_for, model_for
 from zero_ref.io.metrics_log import read_jsonl
 
@@ -79,7 +79,7 @@ def per_param(final: dict, flags: list[str], a: argparse.Namespace) -> dict:
         "real": real,
         "real_peak": peak,
         "ledger": max(r["peak_bytes"] for r in ranks) / numel,
-        "fp32_formula": sum(fp32_formula_bytes(stage, numel, world, 1).values()) / numel,
+        "fp32_formula": sum(formula_bytes(stage, numel, world, 1).values()) / numel,
         "paper": paper_formula_bytes(stage, numel, world) / numel,
         "estimate": est.total / numel,
         "estimate_activations": est.activations / numel,

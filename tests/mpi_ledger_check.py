@@ -17,7 +17,7 @@ from zero_ref.comm.collectives import comm_for
 from zero_ref.config import ZeroConfig
 from zero_ref.engine import make_engine
 from zero_ref.engine.init_source import RandomInit
-from zero_ref.engine.memory import fp32_buffer_bytes
+from zero_ref.engine.memory import buffer_formula_bytes
 from zero_ref.models.gpt import GPT, GPTConfig
 
 LEDGER_TOLERANCE = 0.03  # Python objects (layout, plans, the comm ledger) are the rest
@@ -46,7 +46,7 @@ def check_stage(world: MPI.Comm, stage: int, failures: list[str]) -> None:
             failures.append(f"stage {stage} rank {engine.rank} {when}: NumPy holds {traced} "
                             f"bytes, the ledger says {ledger}")  # fmt: skip
     numels = [u.padded_numel for u in engine.layout.units]
-    expected = fp32_buffer_bytes(stage, numels, engine.world, cfg.bucket_numel, K)
+    expected = buffer_formula_bytes(stage, numels, engine.world, cfg.bucket_numel, K)
     held = engine.memory.bytes_by_category()["buffers"]
     if held != expected:
         failures.append(f"stage {stage} rank {engine.rank}: buffers {held} != formula {expected}")

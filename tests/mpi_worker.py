@@ -10,6 +10,7 @@ of a hang.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -25,9 +26,10 @@ from zero_ref.checkpoint.writer import save_checkpoint
 from zero_ref.comm.collectives import comm_for
 from zero_ref.config import AdamWConfig, ZeroConfig
 from zero_ref.engine import make_engine
-from zero_ref.engine.memory import fp32_formula_bytes
+from zero_ref.engine.memory import formula_bytes
 from zero_ref.layout.flat import tensor_views
 from zero_ref.models.unit import init_params
+from zero_ref.optim.loss_scale import LossScaleConfig
 from zero_ref.oracle import Oracle
 from zero_ref.testing.replay import ReplayModel
 
@@ -85,12 +87,17 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
         deterministic=case["deterministic"],
         optimizer=opt,
         checkpoint_activations=case.get("checkpoint_activations", False),
+        precision=case.get("precision", "fp32"),
+        grad_accum_dtype=case.get("grad_accum_dtype"),
+        communication_data_type=case.get("communication_data_type"),
+        loss_scale=LossScaleConfig(**case.get("loss_scale", {})),
+        nonfinite=case.get("nonfinite", "raise"),
     )
     model, batches = build_model(case)
     init = init_params(model, case["seed"])
     comm = comm_for(world, cfg)
     k, w, steps = cfg.grad_accum, comm.size, []
-    oracle = Oracle(init, opt, cfg.clip) if comm.rank == 0 else None
+    oracle = Oracle.for_config(init, cfg) if comm.rank == 0 else None
     first = 0
     if case.get("resume_from"):
         checkpoint = Checkpoint(case["resume_from"])
@@ -109,8 +116,10 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
         full = engine.full_parameters()
         same = full_equals_everywhere(world, full)
         if oracle is not None:
+            oracle_scale = oracle.loss_scale() or 1.0  # the scale this step's backward uses
             oracle_loss = oracle.model_step(model, inputs, targets, lr)
             steps.append(compare(full, oracle.parameters(), same, result, oracle, oracle_loss))
+            steps[-1]["oracle_loss_scale"] = oracle_scale
             print(f"STEP {step + 1}", flush=True)
     state = consolidated_optimizer_state(engine)
     if case.get("save_to"):
@@ -119,7 +128,8 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
     everyone = world.gather(held, root=0)
     if comm.rank != 0:
         return None
-    formula = fp32_formula_bytes(cfg.stage, engine.layout.full_numel, w, k)
+    sizes = engine.precision.bytes
+    formula = formula_bytes(cfg.stage, engine.layout.full_numel, w, k, sizes)
     return {
         "steps": steps,
         "optimizer_state_bitwise": optimizer_state_matches(state, oracle),
@@ -130,6 +140,7 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
         "case_id": case.get("case_id"),  # which case this answers (tests/mpi_pool.py)
         "ledger": comm.ledger.history,
         "full_numel": engine.layout.full_numel,
+        "element_bytes": dataclasses.asdict(sizes),
         "numel": engine.layout.numel,
         **plan(engine),
     }
@@ -193,6 +204,9 @@ def compare(full, expected, same_on_all_ranks, result, oracle, oracle_loss) -> d
         "same_on_all_ranks": same_on_all_ranks,
         "grad_norm": result.grad_norm,
         "oracle_norm": oracle.last_grad_norm,
+        "loss_scale": result.loss_scale,
+        "skipped": result.skipped,
+        "oracle_skipped": oracle.last_skipped,
         "loss": result.loss,
         "oracle_loss": oracle_loss,
         "names_match": sorted(full) == sorted(expected),

@@ -16,6 +16,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.test_parity import (
+    FP16_OVERFLOWING,
     MLP,
     SETTINGS,
     TINY_UNITS,
@@ -64,6 +65,10 @@ def check_resumed(first: dict, resumed: dict) -> None:
     second={"world": 2, "stage": 3},
 )
 @example(drawn=pinned(TINY_UNITS, world=1, stage=2), second={"world": 5, "stage": 2})
+@example(  # the loss scaler resumes exactly: the oracle checks the scale of every step
+    drawn=pinned(TINY_UNITS, world=2, stage=1, steps=2, precision=FP16_OVERFLOWING),
+    second={"world": 3, "stage": 3},
+)
 def test_resume_at_any_world_size_and_stage_is_bitwise_oracle(mpi_pools, drawn, second):
     check_resumed(*save_then_resume(mpi_pools, drawn, second))
 

@@ -65,11 +65,11 @@ def test_every_key_maps(tmp_path):
         "sub_group_size",
         "stage3_prefetch_bucket_size",
         "stage3_max_live_parameters",
-        "bf16",
     ):
         assert notes.count(key) == 1, key
     assert "offload_param" not in notes  # device "none" asks for nothing
-    assert "fp16" not in notes  # disabled
+    assert "fp16" not in notes and "bf16" not in notes  # both implemented
+    assert z.precision == "bf16"
 
 
 def test_flags_override_the_file(tmp_path):

@@ -5,7 +5,7 @@ tracemalloc on 4 ranks at every stage (tests/mpi_ledger_check.py), and the
 from __future__ import annotations
 
 from tests.mpi_pool import REPO, mpirun_command, run_watched
-from zero_ref.engine.memory import fp32_buffer_bytes
+from zero_ref.engine.memory import buffer_formula_bytes
 
 
 def test_ledger_matches_tracemalloc_on_four_ranks():
@@ -18,7 +18,8 @@ def test_ledger_matches_tracemalloc_on_four_ranks():
 def test_buffers_do_not_grow_with_the_model_only_with_its_widest_unit():
     """Twice the layers, same width: the same buffers. bucket_numel caps the staging."""
     units = [1000, 4000, 4000, 1000]
-    assert fp32_buffer_bytes(3, units, 4, 256, 1) == fp32_buffer_bytes(3, units * 2, 4, 256, 1)
-    assert fp32_buffer_bytes(2, units, 4, 256, 1) == 4 * (256 + 4000)
-    assert fp32_buffer_bytes(3, units, 4, 256, 2) == 4 * (256 + 64 + 2 * 4000)
-    assert fp32_buffer_bytes(0, units, 4, 256, 2) == 0
+    same_width = buffer_formula_bytes(3, units * 2, 4, 256, 1)
+    assert buffer_formula_bytes(3, units, 4, 256, 1) == same_width
+    assert buffer_formula_bytes(2, units, 4, 256, 1) == 4 * (256 + 4000)
+    assert buffer_formula_bytes(3, units, 4, 256, 2) == 4 * (256 + 64 + 2 * 4000)
+    assert buffer_formula_bytes(0, units, 4, 256, 2) == 0

@@ -14,8 +14,15 @@ from zero_ref.app.cli import parse_args
 from zero_ref.comm.collectives import Comm
 from zero_ref.comm.ledger import paper_sent_bytes
 from zero_ref.config import ZeroConfig
+from zero_ref.dtypes import element_bytes
 from zero_ref.engine import make_engine
-from zero_ref.engine.memory import CATEGORIES, MemoryLedger, fp32_formula_bytes, paper_formula_bytes
+from zero_ref.engine.memory import (
+    CATEGORIES,
+    MemoryLedger,
+    buffer_formula_bytes,
+    formula_bytes,
+    paper_formula_bytes,
+)
 from zero_ref.io.atomic import atomic_write, atomic_write_bytes
 from zero_ref.io.tensor_io import load_named, save_safetensors
 from zero_ref.models.unit import init_params
@@ -55,16 +62,29 @@ def test_memory_ledger_rejects_unknown_category():
     [  # numel 12, 3 ranks: full 48 bytes, shard 16 bytes
         (0, 1, {"params": 48, "grads": 48, "optimizer": 96}),
         (0, 2, {"params": 48, "grads": 96, "optimizer": 96}),
-        (1, 1, {"params": 48, "grads": 64, "optimizer": 32}),
-        (1, 3, {"params": 48, "grads": 64, "optimizer": 32}),
+        (1, 1, {"params": 48, "grads": 48, "optimizer": 32}),  # sums land in its own rows
+        (1, 3, {"params": 48, "grads": 64, "optimizer": 32}),  # + a shard adding micro-steps
         (2, 1, {"params": 48, "grads": 16, "optimizer": 32}),
         (2, 2, {"params": 48, "grads": 16, "optimizer": 32}),
         (3, 1, {"params": 16, "grads": 16, "optimizer": 32}),
         (3, 2, {"params": 16, "grads": 16, "optimizer": 32}),
     ],
 )
-def test_fp32_formula_bytes(stage, k, expected):
-    assert fp32_formula_bytes(stage, 12, 3, k) == expected
+def test_formula_bytes(stage, k, expected):
+    assert formula_bytes(stage, 12, 3, k) == expected
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_mixed_precision_formula_is_the_papers(stage, precision):
+    """16-bit params and grads, fp32 master + m + v: exactly (2 + 2 + K) Psi, K = 12,
+    divided as the paper's Sec. 5 divides it (grad_accum 1)."""
+    sizes = element_bytes(precision, precision, precision)
+    psi, nd = 1200, 4
+    held = formula_bytes(stage, psi, nd, 1, sizes)
+    assert sum(held.values()) == paper_formula_bytes(stage, psi, nd, k=12)
+    fp32_grads = formula_bytes(stage, psi, nd, 1, element_bytes(precision, "fp32", precision))
+    assert fp32_grads["grads"] == 2 * held["grads"]
 
 
 def test_paper_formula_bytes_reproduces_figure_1():
@@ -92,14 +112,17 @@ def test_one_rank_sends_nothing(stage):
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 @pytest.mark.parametrize("k", [1, 2])
-def test_engine_on_one_rank_holds_the_formula(stage, k):
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+def test_engine_on_one_rank_holds_the_formula(stage, k, precision):
     model = ReplayModel([("u0", [("w", (3, 5)), ("s", ())]), ("u1", [("b", (7,))])])
-    engine = make_engine(
-        model, init_params(model, 0), ZeroConfig(stage=stage, grad_accum=k), Comm(MPI.COMM_SELF)
-    )
+    cfg = ZeroConfig(stage=stage, grad_accum=k, precision=precision, bucket_numel=8)
+    engine = make_engine(model, init_params(model, 0), cfg, Comm(MPI.COMM_SELF))
     held = engine.memory.bytes_by_category()
-    formula = fp32_formula_bytes(stage, engine.layout.full_numel, 1, k)
+    sizes = element_bytes(precision, precision, precision)
+    formula = formula_bytes(stage, engine.layout.full_numel, 1, k, sizes)
     assert {c: held[c] for c in formula} == formula
+    numels = [u.padded_numel for u in engine.layout.units]
+    assert held["buffers"] == buffer_formula_bytes(stage, numels, 1, 8, k, sizes)
 
 
 # ---- the checks on initial parameters (zero_ref.engine.packing)

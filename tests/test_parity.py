@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from tests.test_buckets import expected_bucket_plan
 from zero_ref.comm.ledger import expected_sent_bytes
+from zero_ref.dtypes import ElementBytes
 from zero_ref.layout.flat import padded_numel
 
 TEXT = "the quick brown fox jumps over the lazy dog; pack my box with five dozen jugs. " * 4
@@ -44,9 +45,35 @@ units = st.lists(shapes, min_size=1, max_size=5).map(
 STEP_LRS = [None, 1e-3, 1e-2, 3e-2]  # each step's lr, as a schedule sets it; None: cfg's lr
 
 
+def precision_options(mixed: bool) -> st.SearchStrategy:
+    """Precision settings: fp32 only, or also fp16 (with a loss scaler that may
+    start high enough to overflow and skip steps) and bf16, with any gradient
+    accumulation and wire dtype (zero_ref/config.py)."""
+    if not mixed:
+        return st.just({})
+    return st.sampled_from(["fp32", "fp16", "bf16"]).flatmap(
+        lambda p: st.fixed_dictionaries(
+            {
+                "precision": st.just(p),
+                "grad_accum_dtype": st.sampled_from([None, "fp32"]),
+                "communication_data_type": st.sampled_from([None, "fp32", "fp16", "bf16"]),
+                "loss_scale": st.fixed_dictionaries(
+                    {
+                        "initial_scale_power": st.sampled_from([4, 16, 24]),
+                        "hysteresis": st.sampled_from([1, 2]),
+                        "loss_scale_window": st.sampled_from([1, 2, 1000]),
+                        "min_loss_scale": st.just(2.0**-8),
+                    }
+                ),
+            }
+        )
+    )
+
+
 def options(model: st.SearchStrategy, deterministic: bool, worlds: list[int]):
     return st.fixed_dictionaries(
         {
+            "precision": precision_options(mixed=deterministic),
             "world": st.sampled_from(worlds),
             "model": model,
             "stage": st.sampled_from([0, 1, 2, 3]),
@@ -87,6 +114,17 @@ TINY_UNITS = {  # a 0-d tensor, a zero-size one, a unit of nothing, primes
 MLP = {"model": "mlp", "text": TEXT, "hidden": 5, "micro_batch": 3}
 
 
+FP16_OVERFLOWING = {  # starts too high: the first steps overflow, skip, and halve the scale
+    "precision": "fp16",
+    "loss_scale": {"initial_scale_power": 24, "hysteresis": 1, "loss_scale_window": 1},
+}
+BF16_FP32_ACCUM = {  # bf16 gradients on the wire, summed into fp32 gradient buffers
+    "precision": "bf16",
+    "grad_accum_dtype": "fp32",
+    "communication_data_type": "bf16",
+}
+
+
 def pinned(model: dict, deterministic: bool = True, **changes) -> dict:
     """A case written out, as hypothesis draws it, for @example."""
     return {
@@ -108,8 +146,9 @@ def pinned(model: dict, deterministic: bool = True, **changes) -> dict:
 
 
 def run(mpi_pools, drawn: dict) -> dict:
-    case = {k: v for k, v in drawn.items() if k not in ("world", "model")} | drawn["model"]
-    return mpi_pools(drawn["world"]).run(case)
+    skip = ("world", "model", "precision")
+    case = {k: v for k, v in drawn.items() if k not in skip} | drawn["model"]
+    return mpi_pools(drawn["world"]).run(case | drawn.get("precision", {}))
 
 
 def step_lr(drawn: dict, step: int) -> float:
@@ -123,7 +162,11 @@ def check_bitwise(result: dict) -> None:
         assert step["names_match"]
         assert step["same_on_all_ranks"], f"step {i}: ranks disagree"
         assert step["bitwise"], f"step {i}: differs from the oracle by {step['max_abs_diff']}"
-        assert step["grad_norm"] == step["oracle_norm"]
+        assert step["grad_norm"] == step["oracle_norm"] or (
+            math.isnan(step["grad_norm"]) and math.isnan(step["oracle_norm"])
+        )
+        assert step["skipped"] == step["oracle_skipped"], f"step {i}: skipped differs"
+        assert step["loss_scale"] == step["oracle_loss_scale"], f"step {i}: loss scale"
     check_loss(result)
 
 
@@ -154,9 +197,12 @@ def check_buckets(result: dict, drawn: dict) -> None:
         assert [[b[0], b[1], b[3]] for b in result["buckets"]] == plan
         widest = max((b[2] for b in plan), default=0)
         staging = result["buffer_bytes"]["bucket_staging"]
-        assert staging == 4 * world * widest, f"staging {staging} bytes for plan {plan}"
-        assert staging <= 4 * max(drawn["bucket_numel"], world)
-    per_micro_step = 0 if stage == 0 else len(plan)
+        wire = result["element_bytes"]["comm"]
+        assert staging == wire * world * widest, f"staging {staging} bytes for plan {plan}"
+        assert staging <= wire * max(drawn["bucket_numel"], world)
+    if stage == 0:
+        return  # no buckets (a 16-bit all-reduce is chunked reduce-scatters + all-gathers)
+    per_micro_step = len(plan)
     for i, step in enumerate(result["ledger"]):
         calls = step.get("reduce_scatter", {}).get("calls", 0)
         assert calls == k * per_micro_step, f"step {i}: {calls} reduce-scatters; plan {plan}"
@@ -164,11 +210,22 @@ def check_buckets(result: dict, drawn: dict) -> None:
 
 def check_comm_bytes(result: dict, drawn: dict) -> None:
     """The ledger's bytes for params and grads equal the schedule's volume: the paper's
-    Sec. 7 figure, less stage 3's gathers of a unit the buffer already holds."""
-    expected = expected_sent_bytes(
-        drawn["stage"], result["unit_padded_numels"], drawn["world"], drawn["grad_accum"]
-    )
-    for i, step in enumerate(result["ledger"]):
+    Sec. 7 figure, less stage 3's gathers of a unit the buffer already holds, in each
+    array's own dtype (16-bit with mixed precision), less the all-gather a skipped
+    step does not need."""
+    for i, (step, report) in enumerate(zip(result["ledger"], result["steps"], strict=True)):
+        expected = expected_sent_bytes(
+            drawn["stage"],
+            result["unit_padded_numels"],
+            drawn["world"],
+            drawn["grad_accum"],
+            ElementBytes(**result["element_bytes"]),
+            skipped=report["skipped"],
+        )
+        if drawn["stage"] == 3 and i > 0 and result["steps"][i - 1]["skipped"]:
+            # the buffer still holds unit 0 from the skipped step's backward, unchanged
+            w, sizes = drawn["world"], result["element_bytes"]
+            expected -= (w - 1) * result["unit_padded_numels"][0] * sizes["param"] // w
         sent = sum(
             v["sent_bytes"]
             for kind, v in step.items()
@@ -193,6 +250,11 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scope
 @example(drawn=pinned(TINY_UNITS, stage=2, world=2, bucket_numel=4))
 @example(drawn=pinned(TINY_UNITS, stage=2, world=4, bucket_numel=1 << 20, grad_accum=1))
 @example(drawn=pinned(TINY_UNITS, stage=3, world=3, bucket_numel=1, clip=None))
+@example(drawn=pinned(TINY_UNITS, stage=0, world=3, precision=FP16_OVERFLOWING))
+@example(drawn=pinned(TINY_UNITS, stage=1, world=4, grad_accum=1, precision=FP16_OVERFLOWING))
+@example(drawn=pinned(TINY_UNITS, stage=2, world=2, grad_accum=3, precision=BF16_FP32_ACCUM))
+@example(drawn=pinned(TINY_UNITS, stage=3, world=3, bucket_numel=17, precision=FP16_OVERFLOWING))
+@example(drawn=pinned(TINY_UNITS, stage=0, world=2, grad_accum=2, precision=BF16_FP32_ACCUM))
 def test_deterministic_replay_is_bitwise_oracle(mpi_pools, drawn):
     result = run(mpi_pools, drawn)
     check_bitwise(result)
@@ -209,6 +271,8 @@ def test_deterministic_replay_is_bitwise_oracle(mpi_pools, drawn):
 @example(drawn=pinned(MLP, stage=3, world=2, grad_accum=2, bucket_numel=64, clip=1e3))
 @example(drawn=pinned(MLP, stage=3, world=3, grad_accum=2, checkpoint_activations=True))
 @example(drawn=pinned(MLP, stage=0, world=2, grad_accum=1, checkpoint_activations=True))
+@example(drawn=pinned(MLP, stage=1, world=3, grad_accum=1, precision={"precision": "bf16"}))
+@example(drawn=pinned(MLP, stage=3, world=2, grad_accum=2, precision=FP16_OVERFLOWING))
 def test_deterministic_model_is_bitwise_oracle(mpi_pools, drawn):
     result = run(mpi_pools, drawn)
     check_bitwise(result)

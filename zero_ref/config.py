@@ -10,8 +10,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from zero_ref.optim.loss_scale import LossScaleConfig
+
 STAGES = (0, 1, 2, 3)
 NONFINITE_POLICIES = ("raise", "skip")  # see zero_ref/optim/nonfinite.py
+PRECISIONS = ("fp32", "fp16", "bf16")  # see zero_ref/engine/precision.py
 
 
 def _require(ok: bool, name: str, value: object, allowed: str) -> None:
@@ -67,6 +70,14 @@ class ZeroConfig:
     checkpoint_activations  keep only each unit's input between forward and backward,
                   and run its forward again before its backward (one unit's
                   activations at a time, for a second forward's compute).
+    precision     "fp32", or mixed precision: "fp16" (with loss scaling) or "bf16":
+                  16-bit parameters and gradients, fp32 master weights and AdamW
+                  state (docs/precision.md).
+    loss_scale    fp16's loss scaler (DeepSpeed's fp16 keys); unused otherwise.
+    grad_accum_dtype  dtype of the gradient buffers and their accumulation: None
+                  (the precision's own) or "fp32" (with fp16/bf16: fp32 gradients).
+    communication_data_type  dtype gradients are reduced in on the wire: None (the
+                  gradients' own), or "fp32", "fp16", "bf16".
     """
 
     stage: int = 2
@@ -78,6 +89,10 @@ class ZeroConfig:
     nonfinite: str = "raise"
     check_schedule: bool = False
     checkpoint_activations: bool = False
+    precision: str = "fp32"
+    loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
+    grad_accum_dtype: str | None = None
+    communication_data_type: str | None = None
 
     def __post_init__(self) -> None:
         _require(
@@ -123,6 +138,40 @@ class ZeroConfig:
         _require(
             isinstance(self.optimizer, AdamWConfig), "optimizer", self.optimizer, "an AdamWConfig"
         )
+        self._check_precision()
+
+    def _check_precision(self) -> None:
+        names = " or ".join(repr(p) for p in PRECISIONS)
+        _require(self.precision in PRECISIONS, "precision", self.precision, names)
+        _require(
+            isinstance(self.loss_scale, LossScaleConfig),
+            "loss_scale",
+            self.loss_scale,
+            "a LossScaleConfig",
+        )
+        accum = (None, self.precision, "fp32")
+        _require(
+            self.grad_accum_dtype in accum,
+            "grad_accum_dtype",
+            self.grad_accum_dtype,
+            f"None, {self.precision!r} (the precision's own) or 'fp32'",
+        )
+        _require(
+            self.communication_data_type in (None, *PRECISIONS),
+            "communication_data_type",
+            self.communication_data_type,
+            "None (the gradients' own dtype) or " + names,
+        )
+
+    @property
+    def grad_dtype(self) -> str:
+        """The dtype gradients are stored and accumulated in."""
+        return self.grad_accum_dtype or self.precision
+
+    @property
+    def comm_dtype(self) -> str:
+        """The dtype gradients are reduced in on the wire."""
+        return self.communication_data_type or self.grad_dtype
 
 
 def _positive_int(x: object) -> bool:

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zero_ref.app.cli import Parsed, UsageError, parse_args
-from zero_ref.engine.memory import fp32_buffer_bytes, fp32_formula_bytes
+from zero_ref.dtypes import ElementBytes, element_bytes
+from zero_ref.engine.memory import FP32, buffer_formula_bytes, formula_bytes
 from zero_ref.layout.flat import FlatLayout, model_layout
 from zero_ref.models.gpt import GPT
 from zero_ref.models.mlp import CharMLP
@@ -64,16 +65,18 @@ class RankEstimate:
 
 
 def state_bytes(
-    layout: FlatLayout, stage: int, bucket_numel: int, grad_accum: int
+    layout: FlatLayout,
+    stage: int,
+    bucket_numel: int,
+    grad_accum: int,
+    sizes: ElementBytes = FP32,
 ) -> dict[str, int]:
     """Bytes by ledger category that a rank of `stage` allocates: the ledger's own
-    formulas (zero_ref/engine/memory.py), from the layout alone."""
+    formulas (zero_ref/engine/memory.py), from the layout and the precision alone."""
     world = layout.world_size
     unit_numels = [u.padded_numel for u in layout.units]
-    return {
-        **fp32_formula_bytes(stage, layout.full_numel, world, grad_accum),
-        "buffers": fp32_buffer_bytes(stage, unit_numels, world, bucket_numel, grad_accum),
-    }
+    buffers = buffer_formula_bytes(stage, unit_numels, world, bucket_numel, grad_accum, sizes)
+    return {**formula_bytes(stage, layout.full_numel, world, grad_accum, sizes), "buffers": buffers}
 
 
 def gpt_activation_bytes(model: GPT, batch: int, seq: int, checkpoint: bool = False) -> int:
@@ -135,15 +138,17 @@ def estimate_rank(
     bucket_numel: int,
     grad_accum: int = 1,
     checkpoint: bool = False,
+    sizes: ElementBytes = FP32,
 ) -> RankEstimate:
-    """One rank's peak for a run of `model` at `stage` on `world` ranks."""
+    """One rank's peak for a run of `model` at `stage` on `world` ranks (`sizes`: the
+    bytes per element of each kind of array, fp32 by default)."""
     layout = model_layout(model, world)
     return RankEstimate(
         stage=stage,
         world=world,
         numel=layout.numel,
         padded_numel=layout.full_numel,
-        **state_bytes(layout, stage, bucket_numel, grad_accum),
+        **state_bytes(layout, stage, bucket_numel, grad_accum, sizes),
         activations=activation_bytes(model, micro_batch, checkpoint),
         overhead=OVERHEAD_BYTES,
     )
@@ -162,6 +167,7 @@ def estimate_for(
         zero.bucket_numel,
         zero.grad_accum,
         checkpoint=zero.checkpoint_activations,
+        sizes=element_bytes(zero.precision, zero.grad_dtype, zero.comm_dtype),
     )
 
 

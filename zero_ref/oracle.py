@@ -7,10 +7,18 @@ gradients rank r computed, and does exactly this, in float32:
 
   s_j  = g[j][0] + g[j][1] + ... + g[j][W-1]        (rank order, elementwise)
   acc  = s_0 + s_1 + ... + s_{k-1}                  (micro-step order)
-  g    = acc / (W * k)                              (the mean gradient)
+  g    = acc / (W * k * S)                          (the mean gradient, unscaled)
   norm = sqrt(sum(g^2))                             (correctly rounded, math.fsum)
+  a NaN/Inf: skip the step (fp16 overflow, or the "skip" policy) or raise
   g   *= min(1, clip / (norm + 1e-6))               (if clipping)
   AdamW on the whole flat buffer (torch.optim.AdamW semantics)
+
+With mixed precision (docs/precision.md) it makes the engine's roundings, each
+to nearest even: gradients are computed from the master weights rounded to
+16 bits (and the loss scaled by S, fp16), each g[j][r] is rounded to the
+gradients' dtype and then to the wire's, each s_j and each partial acc to the
+gradients' dtype; AdamW updates the float32 master weights. Without it every
+rounding is the identity and S = 1.
 
 The deterministic engine reproduces this bit for bit at every stage and world
 size; the fast engine agrees within the tolerance in docs/determinism.md.
@@ -25,10 +33,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from zero_ref.comm.rank_order import sum_in_rank_order
-from zero_ref.config import AdamWConfig
+from zero_ref.config import AdamWConfig, ZeroConfig
+from zero_ref.dtypes import dtype_of, rounded
 from zero_ref.models.unit import Model, loss_and_grads
 from zero_ref.optim.adamw import AdamWScalars, adamw_reference, adamw_scalars, with_lr
 from zero_ref.optim.gradnorm import clip_coefficient, sumsq_exact_reference
+from zero_ref.optim.loss_scale import LossScaleConfig, initial_state, next_state
+from zero_ref.optim.nonfinite import NonFiniteGradientError
 
 NamedArrays = Mapping[str, np.ndarray]
 
@@ -47,10 +58,22 @@ class StepDetail:
 
 
 class Oracle:
-    """Full parameters and AdamW state for a whole model, in one flat buffer (no padding)."""
+    """Full parameters and AdamW state for a whole model, in one flat buffer (no padding).
+
+    `params` are the float32 master weights; with mixed precision the model reads
+    them rounded to `precision` ("fp16", "bf16"). grad_dtype and comm_dtype are
+    ZeroConfig's grad_dtype and comm_dtype; loss_scale is fp16's scaler."""
 
     def __init__(
-        self, init_params: NamedArrays, optimizer: AdamWConfig, clip: float | None = None
+        self,
+        init_params: NamedArrays,
+        optimizer: AdamWConfig,
+        clip: float | None = None,
+        precision: str = "fp32",
+        grad_dtype: str | None = None,
+        comm_dtype: str | None = None,
+        loss_scale: LossScaleConfig | None = None,
+        nonfinite: str = "raise",
     ) -> None:
         self.names = list(init_params)
         self.shapes = [np.shape(init_params[k]) for k in self.names]
@@ -59,9 +82,39 @@ class Oracle:
         self.exp_avg = np.zeros_like(self.params)
         self.exp_avg_sq = np.zeros_like(self.params)
         self.optimizer, self.clip = optimizer, clip
+        self.param_dtype = dtype_of(precision)
+        self.grad_dtype = dtype_of(grad_dtype or precision)
+        self.comm_dtype = dtype_of(comm_dtype or grad_dtype or precision)
+        self.loss_scale_cfg = loss_scale if precision == "fp16" else None
+        self.scaler = None if self.loss_scale_cfg is None else initial_state(self.loss_scale_cfg)
+        self.nonfinite = nonfinite
         self.step_count = 0
         self.last_grad_norm = float("nan")
+        self.last_skipped = False
         self.last_detail: StepDetail | None = None
+
+    @classmethod
+    def for_config(cls, init_params: NamedArrays, cfg: ZeroConfig) -> Oracle:
+        """The oracle of an engine configured by `cfg` (its optimizer, clipping, precision)."""
+        return cls(
+            init_params,
+            cfg.optimizer,
+            cfg.clip,
+            cfg.precision,
+            cfg.grad_dtype,
+            cfg.comm_dtype,
+            cfg.loss_scale,
+            cfg.nonfinite,
+        )
+
+    def loss_scale(self) -> float | None:
+        """The scale the next step's backward multiplies the loss by (None: no scaling)."""
+        return None if self.scaler is None else self.scaler.scale
+
+    def model_parameters(self) -> dict[str, np.ndarray]:
+        """The parameters the model reads: the master weights rounded to 16 bits
+        (widened back to float32), or the master weights themselves in fp32."""
+        return self.unflatten(rounded(self.params, self.param_dtype))
 
     def _flatten(self, named: NamedArrays) -> np.ndarray:
         parts = [np.asarray(named[k], np.float32).reshape(-1) for k in self.names]
@@ -107,20 +160,28 @@ class Oracle:
     ) -> dict[str, np.ndarray]:
         """One optimizer step from grads[j][r] (micro-step j, rank r); returns parameters.
 
-        `lr` overrides the configured learning rate for this step."""
+        `lr` overrides the configured learning rate for this step. A skipped step
+        (last_skipped) leaves everything but fp16's loss scaler as it was."""
         k, world = len(grads), len(grads[0])
         acc = np.empty_like(self.params)
         abs_sum = np.zeros_like(self.params)  # only for StepDetail: not part of the step
         for j, per_rank in enumerate(grads):
             rows = np.stack([self._flatten(g) for g in per_rank])  # (W, numel)
-            s_j = sum_in_rank_order(rows, np.empty_like(self.params))
+            rows = rounded(rounded(rows, self.grad_dtype), self.comm_dtype)  # stored, sent
+            s_j = rounded(sum_in_rank_order(rows, np.empty_like(self.params)), self.grad_dtype)
             abs_sum += np.abs(rows).sum(axis=0)
             if j == 0:
                 acc[...] = s_j
             else:
-                acc += s_j
-        g = acc / np.float32(world * k)
+                acc = rounded(acc + s_j, self.grad_dtype)
+        scale = 1.0 if self.scaler is None else self.scaler.scale
+        g = np.divide(acc, np.float32(world * k * scale), dtype=np.float32)
         self.last_grad_norm = math.sqrt(sumsq_exact_reference(g))
+        self.last_skipped = not math.isfinite(self.last_grad_norm) and self._skip(acc)
+        if self.scaler is not None:
+            self.scaler = next_state(self.loss_scale_cfg, self.scaler, self.last_skipped)
+        if self.last_skipped:
+            return self.parameters()
         coef = clip_coefficient(self.last_grad_norm, self.clip)
         if coef != 1:
             g *= coef
@@ -130,6 +191,18 @@ class Oracle:
         self.last_detail = StepDetail(abs_sum / (world * k), g, float(coef), s, world, k)
         return self.parameters()
 
+    def _skip(self, acc: np.ndarray) -> bool:
+        """A NaN/Inf in the summed gradient: skip (fp16, or the "skip" policy) or raise."""
+        bad = ~np.isfinite(acc)
+        if not bad.any():
+            return False  # a finite gradient whose float32 norm overflowed
+        if self.scaler is not None or self.nonfinite == "skip":
+            return True
+        where = self.locate(int(np.argmax(bad)))
+        raise NonFiniteGradientError(
+            f"non-finite gradient (NaN or Inf) in {where} at step {self.step_count + 1}"
+        )
+
     def model_step(
         self, model: Model, inputs: np.ndarray, targets: np.ndarray, lr: float | None = None
     ) -> float:
@@ -137,12 +210,13 @@ class Oracle:
 
         Each rank's gradient is computed from the current full parameters, as
         rank r would; returns the mean loss over all ranks and micro-steps."""
-        params = self.parameters()
+        params = self.model_parameters()
         losses, grads = [], []
         for j in range(inputs.shape[0]):
             per_rank = []
             for r in range(inputs.shape[1]):
-                loss, g = loss_and_grads(model, params, inputs[j, r], targets[j, r])
+                x, t = inputs[j, r], targets[j, r]
+                loss, g = loss_and_grads(model, params, x, t, self.loss_scale())
                 losses.append(loss)
                 per_rank.append(g)
             grads.append(per_rank)

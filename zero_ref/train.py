@@ -4,6 +4,7 @@ rank's memory and communication ledgers beside the paper's formulas."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Sequence
@@ -22,7 +23,7 @@ from zero_ref.app.resume import Saver, announce_resume, open_checkpoint, resume_
 from zero_ref.app.tasks import Task, build_task, describe_params
 from zero_ref.comm.ledger import expected_sent_bytes, paper_sent_bytes
 from zero_ref.engine.init_source import FileInit, InitSource, RandomInit
-from zero_ref.engine.memory import fp32_formula_bytes
+from zero_ref.engine.memory import formula_bytes
 from zero_ref.io.metrics_log import JsonlLog
 from zero_ref.io.tensor_io import SafetensorsWriter
 from zero_ref.layout.flat import tensor_views
@@ -80,6 +81,7 @@ def train(parsed: Parsed, mpi_comm) -> None:
         announce_resume(checkpoint, parsed, comm.size, tokens, loaded, progress, log)
     saver = Saver(parsed, engine, tokens, progress, log)
     last = min(run.steps, run.stop_at_step or run.steps)
+    skipped = 0  # steps skipped for a NaN/Inf gradient (fp16: an overflow)
     for step in range(first, last):
         step_started(step + 1, engine)  # for error messages; fires ZERO_REF_INJECT_FAULT
         inputs, targets = task.batches(step)
@@ -96,7 +98,9 @@ def train(parsed: Parsed, mpi_comm) -> None:
             "step_time_s": step_s,
             "sent_bytes": comm.ledger.last_step_sent_bytes(),
             "skipped": result.skipped,
+            "loss_scale": result.loss_scale,
         }
+        skipped += result.skipped
         if check:
             record["oracle_max_abs_diff"] = check.after_step(result, inputs, targets, lr)
         progress.update(record)
@@ -108,11 +112,14 @@ def train(parsed: Parsed, mpi_comm) -> None:
     phases.end("train")
     if check:
         progress.always(check.describe())
+    if skipped or zero.precision == "fp16":
+        scale = f", loss scale now {engine.loss_scale():g}" if engine.scaler else ""
+        progress.always(f"{skipped} of {last - first} steps skipped (NaN/Inf gradients){scale}")
     if checkpoint:
         checkpoint.close()
     if run.save_dir and last > first and saver.last_saved != last:
         saver.save(last)  # always at the end (not when nothing was trained)
-    finish(parsed, engine, task, log, phases)
+    finish(parsed, engine, task, log, phases, skipped)
 
 
 def refuse_if_it_cannot_fit(parsed: Parsed, task: Task, comm) -> None:
@@ -171,7 +178,14 @@ def open_log(
     return JsonlLog(run.log_jsonl, after_step) if run.log_jsonl else None
 
 
-def finish(parsed: Parsed, engine, task: Task, log: JsonlLog | None, phases: PhasePeaks) -> None:
+def finish(
+    parsed: Parsed,
+    engine,
+    task: Task,
+    log: JsonlLog | None,
+    phases: PhasePeaks,
+    skipped: int = 0,
+) -> None:
     """Export, sample, ledgers: the collectives first, then rank 0 alone. Nothing here
     needs the whole model on any rank: both stream it one unit at a time."""
     run, zero = parsed.run, parsed.zero
@@ -187,9 +201,10 @@ def finish(parsed: Parsed, engine, task: Task, log: JsonlLog | None, phases: Pha
         print(f"exported consolidated parameters to {run.export}")
     numel, world, k = engine.layout.full_numel, engine.world, zero.grad_accum
     unit_numels = [u.padded_numel for u in engine.layout.units]
-    print(memory_table(reports, zero.stage, numel, world, k))
+    sizes = engine.precision.bytes
+    print(memory_table(reports, zero.stage, numel, world, k, sizes, zero.precision))
     print(rss_table(reports))
-    print(comm_table(reports, zero.stage, unit_numels, world, k))
+    print(comm_table(reports, zero.stage, unit_numels, world, k, sizes))
     if log:
         log.write(
             {
@@ -198,10 +213,16 @@ def finish(parsed: Parsed, engine, task: Task, log: JsonlLog | None, phases: Pha
                 "stage": zero.stage,
                 "world_size": world,
                 "numel_padded": numel,
-                "formula_bytes": fp32_formula_bytes(zero.stage, numel, world, k),
+                "precision": zero.precision,
+                "element_bytes": dataclasses.asdict(sizes),
+                "formula_bytes": formula_bytes(zero.stage, numel, world, k, sizes),
                 "unit_padded_numels": unit_numels,
-                "paper_sent_bytes": paper_sent_bytes(zero.stage, numel, world, 1),
-                "expected_sent_bytes": expected_sent_bytes(zero.stage, unit_numels, world, k),
+                "paper_sent_bytes": paper_sent_bytes(zero.stage, numel, world, 1, sizes.param),
+                "expected_sent_bytes": expected_sent_bytes(
+                    zero.stage, unit_numels, world, k, sizes
+                ),
+                "skipped_steps": skipped,
+                "loss_scale": engine.loss_scale(),
                 "ranks": reports,
             }
         )

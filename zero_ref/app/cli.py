@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from zero_ref.app.cli_flags import DEFAULTS, MODEL_DEFAULTS, UsageError, build_parser
 from zero_ref.app.ds_config import ParsedConfig, load_config
 from zero_ref.config import AdamWConfig, ZeroConfig
+from zero_ref.optim.loss_scale import LossScaleConfig
 from zero_ref.optim.lr_schedule import LRSchedule
 
 __all__ = ["Parsed", "RunConfig", "UsageError", "build_parser", "parse_args", "resolve_batch"]
@@ -180,9 +181,26 @@ def _zero_config(s: dict) -> ZeroConfig:
             nonfinite=s["nonfinite"],
             check_schedule=s["check_schedule"],
             checkpoint_activations=s["checkpoint_activations"],
+            precision=s["precision"],
+            loss_scale=LossScaleConfig(
+                loss_scale=s["loss_scale"],
+                initial_scale_power=s["initial_scale_power"],
+                loss_scale_window=s["loss_scale_window"],
+                hysteresis=s["hysteresis"],
+                consecutive_hysteresis=s["consecutive_hysteresis"],
+                min_loss_scale=s["min_loss_scale"],
+            ),
+            grad_accum_dtype=_accum_dtype(s),
+            communication_data_type=s["communication_data_type"],
         )
     except ValueError as e:
         raise UsageError(f"bad value: {e}") from e
+
+
+def _accum_dtype(s: dict) -> str | None:
+    """--grad-accum-dtype naming the precision itself is its default (None)."""
+    accum = s["grad_accum_dtype"]
+    return None if accum == s["precision"] else accum
 
 
 def _schedule(s: dict) -> LRSchedule:

@@ -24,6 +24,15 @@ DEFAULTS = {
     "nonfinite": "raise",
     "check_schedule": False,
     "checkpoint_activations": False,
+    "precision": "fp32",
+    "grad_accum_dtype": None,
+    "communication_data_type": None,
+    "loss_scale": 0.0,
+    "initial_scale_power": 16,
+    "loss_scale_window": 1000,
+    "hysteresis": 2,
+    "consecutive_hysteresis": False,
+    "min_loss_scale": 1.0,
     "lr": 3e-3,
     "weight_decay": 0.01,
     "betas": (0.9, 0.999),
@@ -97,6 +106,7 @@ def build_parser(rank: int = 0) -> argparse.ArgumentParser:
         "(run with: mpirun -n 4 python -m zero_ref.train). Flags override --config.",
     )
     _engine_flags(p.add_argument_group("ZeRO engine"))
+    _precision_flags(p.add_argument_group("mixed precision (docs/precision.md)"))
     _optimizer_flags(p.add_argument_group("optimizer (AdamW) and schedule"))
     _run_flags(p.add_argument_group("run"))
     _file_flags(p.add_argument_group("files"))
@@ -158,6 +168,51 @@ def _engine_flags(g) -> None:
         action="store_true",
         help="debug: ranks agree on each collective before entering it, so a mismatch is an "
         "error naming both sides instead of a hang (docs/reliability.md)",
+    )
+
+
+def _precision_flags(g) -> None:
+    dtypes = ["fp32", "fp16", "bf16"]
+    g.add_argument(
+        "--precision",
+        choices=dtypes,
+        help="fp16/bf16: 16-bit parameters and gradients, fp32 master weights and AdamW "
+        "state (the paper's 16 bytes per parameter); fp16 scales the loss" + _d("precision"),
+    )
+    g.add_argument(
+        "--grad-accum-dtype",
+        choices=dtypes,
+        help="dtype gradients are kept and summed in (default: the precision's)",
+    )
+    g.add_argument(
+        "--communication-data-type",
+        choices=dtypes,
+        help="dtype gradients are reduced in on the wire (default: the gradients')",
+    )
+    g.add_argument(
+        "--loss-scale",
+        type=float,
+        help="fp16: a static loss scale, or 0 for dynamic scaling" + _d("loss_scale"),
+    )
+    g.add_argument(
+        "--initial-scale-power",
+        type=int,
+        help="fp16: dynamic scaling starts at 2^N" + _d("initial_scale_power"),
+    )
+    g.add_argument(
+        "--loss-scale-window",
+        type=int,
+        help="fp16: double the scale after this many clean steps" + _d("loss_scale_window"),
+    )
+    g.add_argument(
+        "--hysteresis",
+        type=int,
+        help="fp16: overflows in a row before the scale halves" + _d("hysteresis"),
+    )
+    g.add_argument(
+        "--min-loss-scale",
+        type=float,
+        help="fp16: the scale never halves below this" + _d("min_loss_scale"),
     )
 
 

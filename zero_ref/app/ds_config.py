@@ -144,8 +144,13 @@ def parse_config(raw: dict) -> ParsedConfig:
             _optimizer(_section(key, value), out)
         elif key == "zero_optimization":
             _zero(_section(key, value), out)
-        elif key in ("fp16", "bf16"):
-            _precision(key, _section(key, value), out)
+        elif key in ("fp16", "bf16", "bfloat16"):  # "bfloat16" is DeepSpeed's alias
+            _precision(key.replace("bfloat16", "bf16"), _section(key, value), out)
+        elif key == "data_types":
+            _data_types(_section(key, value), out)
+        elif key == "communication_data_type":
+            if value is not None:
+                out.settings[key] = _data_type(key, value)
         elif key == "prescale_gradients":
             if _bool(key, value):  # divide before the sum: other rounding than zero_ref's
                 out.not_implemented.append(f"{key} = true (zero_ref divides after the sum)")
@@ -239,7 +244,55 @@ def _enabled(value: Any) -> bool:
     return bool(value)
 
 
+FP16_KEYS = {  # DeepSpeed's fp16 block: its loss scaler (zero_ref/optim/loss_scale.py)
+    "loss_scale": lambda k, v: _num(k, v, 0.0),
+    "initial_scale_power": lambda k, v: _int(k, v, 0),
+    "loss_scale_window": _int,
+    "hysteresis": _int,
+    "consecutive_hysteresis": _bool,
+    "min_loss_scale": lambda k, v: _num(k, v, 0.0),
+}
+PRECISION_NO_EFFECT = (
+    "auto_cast",  # the model always computes in float32 on 16-bit values
+    "immediate_grad_update",  # gradients are always reduced as buckets fill
+    "check_grad_overflow",  # overflow is always checked (bf16 too)
+)
+DATA_TYPES = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "float32": "fp32"}
+DATA_TYPES |= {"float16": "fp16", "bfloat16": "bf16", "half": "fp16", "float": "fp32"}
+
+
 def _precision(key: str, section: dict, out: ParsedConfig) -> None:
-    enabled = section.get("enabled", False)
-    if _bool(f"{key}.enabled", enabled):
-        out.not_implemented.append(f"{key} (mixed precision)")
+    """DeepSpeed's fp16 and bf16 blocks. Enabled, they set the precision (both at
+    once is an error, as in DeepSpeed); the fp16 block's keys set the loss scaler."""
+    for name, value in section.items():
+        full = f"{key}.{name}"
+        if name == "enabled":
+            if _bool(full, value):
+                if out.settings.get("precision", key) != key:
+                    raise ConfigError("config enables both fp16 and bf16: enable one of them")
+                out.settings["precision"] = key
+        elif key == "fp16" and name in FP16_KEYS:
+            out.settings[name] = FP16_KEYS[name](full, value)
+        elif name in PRECISION_NO_EFFECT:
+            out.no_effect.append(full)
+        elif name == "fp16_master_weights_and_grads" and _bool(full, value):
+            out.not_implemented.append(f"{full} = true (master weights are always fp32)")
+        else:
+            out.unknown.append(full)
+
+
+def _data_type(key: str, v: Any) -> str:
+    if not isinstance(v, str) or v.lower() not in DATA_TYPES:
+        raise ConfigError(f"config {key} = {v!r}: allowed 'fp32', 'fp16', 'bf16'")
+    return DATA_TYPES[v.lower()]
+
+
+def _data_types(section: dict, out: ParsedConfig) -> None:
+    """DeepSpeed's data_types block: grad_accum_dtype is the gradients' dtype."""
+    for name, value in section.items():
+        full = f"data_types.{name}"
+        if name == "grad_accum_dtype":
+            if value is not None:
+                out.settings["grad_accum_dtype"] = _data_type(full, value)
+        else:
+            out.unknown.append(full)

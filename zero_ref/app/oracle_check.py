@@ -64,10 +64,11 @@ class OracleCheck:
         with engine.comm.ledger.off_the_books():
             state = self._state_on_root()
         if engine.rank == 0:
-            self.oracle = Oracle(state["param"], cfg.optimizer, cfg.clip)
+            self.oracle = Oracle.for_config(state["param"], cfg)
             self.oracle.load_state(
                 state["param"], state["exp_avg"], state["exp_avg_sq"], engine.step_count
             )
+            self.oracle.scaler = engine.scaler  # fp16: where a resumed run's scaler stands
         self.summary = RunSummary()
         self._last_diff = math.nan
 

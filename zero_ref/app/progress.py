@@ -49,13 +49,17 @@ class Progress:
         )
         step = r["step"]
         if r.get("skipped"):
-            self.say(f"step {step}: NaN/Inf gradient, step skipped on every rank")
+            scale = r.get("loss_scale", 1.0)
+            why = f"fp16 overflow at loss scale {scale:g}" if scale != 1.0 else "NaN/Inf gradient"
+            self.say(f"step {step}: {why}, step skipped on every rank")
         if (step - 1) % self.run.log_every == 0 or step == self.run.steps:
             line = (
                 f"step {step:5d}  loss {r['loss']:.4f}  lr {r['lr']:.2e}  grad norm "
                 f"{r['grad_norm']:.3f}  {r['step_time_s'] * 1e3:.1f} ms/step  "
                 f"{r['tokens_per_s']:,.0f} tok/s"
             )
+            if r.get("loss_scale", 1.0) != 1.0:
+                line += f"  loss scale {r['loss_scale']:g}"
             if "oracle_max_abs_diff" in r:
                 line += f"  oracle max|diff| {r['oracle_max_abs_diff']:.3g}"
             self.say(line)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from zero_ref.app.process_memory import PhasePeaks
 from zero_ref.comm.ledger import CommLedger, expected_sent_bytes, paper_sent_bytes
-from zero_ref.engine.memory import CATEGORIES, fp32_formula_bytes, paper_formula_bytes
+from zero_ref.dtypes import ElementBytes
+from zero_ref.engine.memory import CATEGORIES, FP32, formula_bytes, paper_formula_bytes
 
 
 def rank_report(engine, phases: PhasePeaks | None = None) -> dict:
@@ -45,9 +46,18 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:9.3f}"
 
 
-def memory_table(reports: list[dict], stage: int, numel: int, world: int, k: int) -> str:
-    """Bytes held per rank by category, the fp32 formula, and the paper's K=12 line."""
-    formula = fp32_formula_bytes(stage, numel, world, k)
+def memory_table(
+    reports: list[dict],
+    stage: int,
+    numel: int,
+    world: int,
+    k: int,
+    sizes: ElementBytes = FP32,
+    precision: str = "fp32",
+) -> str:
+    """Bytes held per rank by category, the formula of this precision, and the paper's
+    K=12 line (which the fp16/bf16 formula equals at grad_accum 1)."""
+    formula = formula_bytes(stage, numel, world, k, sizes)
     head = "rank " + "".join(f"{c:>10}" for c in CATEGORIES) + f"{'total':>10}{'peak':>10}"
     lines = [
         f"memory per rank, MiB (stage {stage}, Psi = {numel:,} padded params, {world} ranks)",
@@ -58,13 +68,20 @@ def memory_table(reports: list[dict], stage: int, numel: int, world: int, k: int
         cells = "".join(f" {_mib(held[c])}" for c in CATEGORIES)
         lines.append(f"{r['rank']:>4}{cells} {_mib(sum(held.values()))} {_mib(r['peak_bytes'])}")
     cells = "".join(f" {_mib(formula[c])}" if c in formula else f"{'-':>10}" for c in CATEGORIES)
-    lines.append(f"{'fp32':>4}{cells} {_mib(sum(formula.values()))}   <- formula for this stage")
+    lines.append(f"{precision:>4}{cells} {_mib(sum(formula.values()))}   <- formula for this stage")
     paper = paper_formula_bytes(stage, numel, world)
     lines.append(f"paper, mixed precision K=12: {_mib(paper).strip()} MiB of model states per rank")
     return "\n".join(lines)
 
 
-def comm_table(reports: list[dict], stage: int, unit_numels: list[int], world: int, k: int) -> str:
+def comm_table(
+    reports: list[dict],
+    stage: int,
+    unit_numels: list[int],
+    world: int,
+    k: int,
+    sizes: ElementBytes = FP32,
+) -> str:
     """Bytes each rank sent in the last step, by collective, beside the paper's volume
     and zero_ref's own schedule. unit_numels: the padded unit sizes, forward order."""
     kinds = sorted({kind for r in reports for kind in r["comm_last_step"]})
@@ -77,15 +94,18 @@ def comm_table(reports: list[dict], stage: int, unit_numels: list[int], world: i
         step = r["comm_last_step"]
         cells = "".join(f"{int(step.get(kind, {}).get('sent_bytes', 0)):>16,}" for kind in kinds)
         lines.append(f"{r['rank']:>4} {cells}{CommLedger.step_sent_bytes(step):>16,}")
-    lines += _volume_lines(stage, unit_numels, world, k)
+    lines += _volume_lines(stage, unit_numels, world, k, sizes)
     return "\n".join(lines)
 
 
-def _volume_lines(stage: int, unit_numels: list[int], world: int, k: int) -> list[str]:
-    """The paper's Sec. 7 volume (one micro-step), and what zero_ref's schedule sends:
-    k micro-steps, and at stage 3 no gather of a unit the buffer already holds."""
-    paper = paper_sent_bytes(stage, sum(unit_numels), world, 1)
-    expected = expected_sent_bytes(stage, unit_numels, world, k)
+def _volume_lines(
+    stage: int, unit_numels: list[int], world: int, k: int, sizes: ElementBytes
+) -> list[str]:
+    """The paper's Sec. 7 volume (one micro-step, in the parameters' bytes), and what
+    zero_ref's schedule sends: k micro-steps, at stage 3 no gather of a unit the buffer
+    already holds, gradients in the wire's dtype."""
+    paper = paper_sent_bytes(stage, sum(unit_numels), world, 1, sizes.param)
+    expected = expected_sent_bytes(stage, unit_numels, world, k, sizes)
     lines = [f"paper (Sec. 7), params + grads, one micro-step: {paper:,} bytes per rank"]
     if expected != paper:
         why = []
@@ -93,5 +113,7 @@ def _volume_lines(stage: int, unit_numels: list[int], world: int, k: int) -> lis
             why.append(f"{k} micro-steps")
         if stage == 3:
             why.append("no re-gather of the unit in the buffer")
+        if sizes.comm != sizes.param or (stage == 0 and sizes.grad != sizes.param):
+            why.append(f"{sizes.comm}-byte gradients on the wire")
         lines.append(f"this schedule ({', '.join(why)}): {expected:,} bytes per rank per step")
     return lines

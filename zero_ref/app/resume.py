@@ -23,6 +23,7 @@ from zero_ref.checkpoint.manifest import MANIFEST, CheckpointError
 from zero_ref.checkpoint.reader import Checkpoint
 from zero_ref.checkpoint.writer import save_checkpoint
 from zero_ref.models.unit import Model
+from zero_ref.optim.loss_scale import LossScaleState
 
 MODEL_FLAGS = ("model", "context", "d_embed", "d_hidden", "n_layer", "n_head", "d_model")
 
@@ -159,11 +160,16 @@ def verify_everywhere(checkpoint: Checkpoint, comm) -> None:
 
 
 def restore(engine, checkpoint: Checkpoint) -> int:
-    """AdamW's m and v and its step count into an engine built from the checkpoint's
-    parameters; returns the run step to continue after."""
+    """AdamW's m and v, its step count and fp16's loss scaler into an engine built from
+    the checkpoint's parameters; returns the run step to continue after. A scaler
+    saved by an fp16 run resumes exactly; an fp16 run from another precision's
+    checkpoint starts its scaler afresh."""
     for kind in ("exp_avg", "exp_avg_sq"):
         engine.load_state(kind, checkpoint.source(kind))
     engine.step_count = int(checkpoint.manifest["optimizer_steps"])
+    saved = checkpoint.manifest.get("loss_scaler")
+    if engine.scaler is not None and saved is not None:
+        engine.scaler = LossScaleState(**saved)
     return checkpoint.step
 
 

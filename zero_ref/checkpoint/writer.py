@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +120,9 @@ def build_manifest(engine, step: int, files: list[dict], training: dict[str, Any
         "optimizer_steps": engine.step_count,
         "world_size": engine.world,
         "stage": engine.stage,
-        "dtype": "float32",
+        "dtype": "float32",  # with fp16/bf16: the float32 master weights, not their rounding
+        "precision": engine.cfg.precision,
+        "loss_scaler": None if engine.scaler is None else asdict(engine.scaler),
         "state_kinds": list(STATE_KINDS),
         "layout": layout_record(engine.layout),
         "files": files,

@@ -13,6 +13,15 @@ ZeroConfig.deterministic is the one switch: `comm_for(mpi_comm, cfg)` is the one
 place that turns it into a policy, and an engine refuses a Comm whose policy
 disagrees with its config (the clipping norm follows the same switch).
 
+16-bit buffers (mixed precision, zero_ref/engine/precision.py) travel as 16-bit
+words: MPI has no bfloat16 type, and MPICH's float16 MPI_SUM rounds every partial
+sum to 16 bits, in an order of its choosing, and is slower than the alternative
+(scripts/bench_half_reduce.py). So a sum of 16-bit values is always an Alltoall of
+the words, then each rank widens its rows to float32, adds them in rank order and
+rounds once: half the bytes of float32 on the wire, and deterministic in either
+mode. A sum may land in a buffer of another dtype (16-bit gradients summed into
+float32 ones): it is rounded once, to the receiving buffer's dtype.
+
 With check_schedule on (a debug mode), ranks first agree on what each collective
 is -- operation, count, dtype, where in the step, step -- so a rank that skips
 or reorders a collective raises ScheduleMismatchError instead of hanging (see
@@ -31,8 +40,9 @@ from zero_ref.comm import schedule
 from zero_ref.comm.ledger import CommLedger
 from zero_ref.comm.rank_order import sum_in_rank_order
 from zero_ref.config import ZeroConfig
+from zero_ref.dtypes import round_into
 
-F32_BYTES = 4
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")  # what collectives accept
 
 
 class Handle:
@@ -87,35 +97,63 @@ class Comm:
         schedule.check_agreement(everyone)
 
     # ---- bytes each rank exchanges, from the buffers of the call
-    def _block_bytes(self, n_block: int) -> int:
-        """(W-1) blocks of n_block float32 elements."""
-        return (self.size - 1) * n_block * F32_BYTES
+    def _block_bytes(self, n_block: int, itemsize: int = 4) -> int:
+        """(W-1) blocks of n_block elements of `itemsize` bytes."""
+        return (self.size - 1) * n_block * itemsize
 
-    def _timed(self, kind: str, n_block: int, factor: int, fn: Callable[[], None]) -> None:
+    def _timed(
+        self, kind: str, n_block: int, factor: int, fn: Callable[[], None], itemsize: int = 4
+    ) -> None:
         t0 = time.perf_counter()
         fn()
-        nbytes = factor * self._block_bytes(n_block)
+        nbytes = factor * self._block_bytes(n_block, itemsize)
         self.ledger.record(kind, nbytes, nbytes, time.perf_counter() - t0)
 
     # ---- sums across ranks
     def reduce_scatter_sum(self, send: np.ndarray, recv: np.ndarray) -> None:
-        """recv (n,) = sum over ranks of their send[rank*n : (rank+1)*n]; send is (W*n,)."""
-        _check_blocks(send, recv, self.size)
-        self._agree("reduce_scatter", recv.size)
-        self._timed(
-            "reduce_scatter",
-            recv.size,
-            1,
-            lambda: self.reduction.reduce_scatter(self.mpi, send, recv),
-        )
+        """recv (n,) = sum over ranks of their send[rank*n : (rank+1)*n]; send is (W*n,).
+
+        float32 both: the reduction policy's sum. A 16-bit send: its words, summed in
+        float32 in rank order (sum_16bit_words). A 16-bit recv: rounded once into it."""
+        _check_blocks(send, recv, self.size, same_dtype=False)
+        self._agree("reduce_scatter", recv.size, send.dtype.name)
+        if send.dtype != np.float32:
+            fn = lambda: sum_16bit_words(self.mpi, send, recv)  # noqa: E731
+        elif recv.dtype != np.float32:
+            fn = lambda: self._reduce_scatter_rounded(send, recv)  # noqa: E731
+        else:
+            fn = lambda: self.reduction.reduce_scatter(self.mpi, send, recv)  # noqa: E731
+        self._timed("reduce_scatter", recv.size, 1, fn, send.dtype.itemsize)
+
+    def _reduce_scatter_rounded(self, send: np.ndarray, recv: np.ndarray) -> None:
+        """A float32 sum by the policy, rounded once into the 16-bit recv."""
+        total = np.empty(recv.size, np.float32)
+        self.reduction.reduce_scatter(self.mpi, send, total)
+        round_into(recv, total)
 
     def allreduce_sum(self, buf: np.ndarray) -> None:
-        """buf (W*n,) <- sum over ranks, in place."""
+        """buf (W*n,) <- sum over ranks, in place. A 16-bit buf: reduce-scatter of its
+        words (summed in float32, rounded once), then an all-gather of the blocks."""
         _check_blocks(buf, None, self.size)
+        if buf.dtype != np.float32:
+            n = buf.size // self.size
+            self.reduce_scatter_sum(buf, buf[self.rank * n : (self.rank + 1) * n])
+            self.allgather_in_place(buf)
+            return
         self._agree("allreduce", buf.size)
         self._timed(
             "allreduce", buf.size // self.size, 2, lambda: self.reduction.allreduce(self.mpi, buf)
         )
+
+    def allreduce_sum_into(self, send: np.ndarray, recv: np.ndarray) -> None:
+        """recv (W*n,) <- sum over ranks of send (W*n,), when the two dtypes differ
+        (16-bit gradients summed into float32 ones): this rank's block is reduced
+        and rounded once into recv, then recv's blocks are all-gathered."""
+        _check_blocks(send, None, self.size)
+        _check_blocks(recv, None, self.size)
+        n = recv.size // self.size
+        self.reduce_scatter_sum(send, recv[self.rank * n : (self.rank + 1) * n])
+        self.allgather_in_place(recv)
 
     def ireduce_scatter_sum(self, send: np.ndarray, recv: np.ndarray) -> Handle:
         """Non-blocking reduce_scatter_sum; recv is valid after handle.wait()."""
@@ -131,26 +169,26 @@ class Comm:
     def allgather(self, send: np.ndarray, recv: np.ndarray, kind: str = "allgather") -> None:
         """recv (W*n,) <- every rank's send (n,), in rank order; `kind` names it in the ledger."""
         _check_blocks(recv, send, self.size)
-        self._agree("allgather", send.size)
-        self._timed(kind, send.size, 1, lambda: self.mpi.Allgather(send, recv))
+        self._agree("allgather", send.size, send.dtype.name)
+        fn = lambda: self.mpi.Allgather(_words(send), _words(recv))  # noqa: E731
+        self._timed(kind, send.size, 1, fn, send.dtype.itemsize)
 
     def allgather_in_place(self, buf: np.ndarray) -> None:
         """buf (W*n,): block r <- rank r's block r, for every r (MPI_IN_PLACE)."""
         _check_blocks(buf, None, self.size)
-        self._agree("allgather", buf.size // self.size)
-        self._timed(
-            "allgather", buf.size // self.size, 1, lambda: self.mpi.Allgather(MPI.IN_PLACE, buf)
-        )
+        self._agree("allgather", buf.size // self.size, buf.dtype.name)
+        fn = lambda: self.mpi.Allgather(MPI.IN_PLACE, _words(buf))  # noqa: E731
+        self._timed("allgather", buf.size // self.size, 1, fn, buf.dtype.itemsize)
 
     def gather_to_root(self, send: np.ndarray, recv: np.ndarray | None, kind: str) -> None:
         """recv (W*n,) on rank 0 <- every rank's send (n,), in rank order; other ranks
         pass recv=None and hold nothing (streaming consolidation to one writer)."""
         if self.rank == 0:
             _check_blocks(recv, send, self.size)
-        self._agree("gather", send.size)
+        self._agree("gather", send.size, send.dtype.name)
         t0 = time.perf_counter()
-        self.mpi.Gather(send, recv if self.rank == 0 else None, root=0)
-        nbytes = send.size * F32_BYTES
+        self.mpi.Gather(_words(send), _words(recv) if self.rank == 0 else None, root=0)
+        nbytes = send.nbytes
         sent, received = (0, (self.size - 1) * nbytes) if self.rank == 0 else (nbytes, 0)
         self.ledger.record(kind, sent, received, time.perf_counter() - t0)
 
@@ -250,14 +288,39 @@ class OrderedReduction:
         return mpi.Ialltoall(send, rows), lambda: sum_in_rank_order(rows, recv)
 
 
-def _check_blocks(full: np.ndarray, block: np.ndarray | None, world: int) -> None:
-    """full (and block) must be contiguous float32, full holding W * block.size elements."""
+def sum_16bit_words(mpi: MPI.Comm, send: np.ndarray, recv: np.ndarray) -> None:
+    """recv = this rank's block of the sum over ranks of a 16-bit send: an Alltoall of
+    the 16-bit words, each row widened to float32 (exact), added in rank order, and
+    rounded once to recv's dtype. The same result in fast and deterministic mode."""
+    words = np.empty((mpi.Get_size(), recv.size), np.uint16)  # row r: rank r's block for me
+    mpi.Alltoall(_words(send), words)
+    rows = words.view(send.dtype).astype(np.float32)
+    total = recv if recv.dtype == np.float32 else np.empty(recv.size, np.float32)
+    sum_in_rank_order(rows, total)
+    if total is not recv:
+        round_into(recv, total)
+
+
+def _words(buf: np.ndarray) -> np.ndarray:
+    """What MPI is handed: float32 as it is, 16-bit floats as uint16 words (mpi4py has
+    no bfloat16 type, and only moving them, never adding, needs no float type)."""
+    return buf.view(np.uint16) if buf.dtype.itemsize == 2 else buf
+
+
+def _check_blocks(
+    full: np.ndarray, block: np.ndarray | None, world: int, same_dtype: bool = True
+) -> None:
+    """full (and block) must be contiguous float32/float16/bfloat16, of one dtype unless
+    a reduction rounds into another, full holding W * block.size elements."""
     for buf in (full,) if block is None else (full, block):
-        if buf.dtype != np.float32 or not buf.flags.c_contiguous:
+        if buf.dtype.name not in FLOAT_DTYPES or not buf.flags.c_contiguous:
             layout = "contiguous" if buf.flags.c_contiguous else "not contiguous"
             raise ValueError(
-                f"collective buffers must be contiguous float32; got {buf.dtype}, {layout}"
+                f"collective buffers must be contiguous {', '.join(FLOAT_DTYPES)}; "
+                f"got {buf.dtype}, {layout}"
             )
+    if same_dtype and block is not None and block.dtype != full.dtype:
+        raise ValueError(f"collective buffers must share a dtype: {full.dtype} vs {block.dtype}")
     if full.size % world:
         raise ValueError(f"buffer of {full.size} elements does not split into {world} blocks")
     if block is not None and block.size * world != full.size:

@@ -20,6 +20,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from zero_ref.dtypes import ElementBytes
+
+FP32 = ElementBytes()
+
 
 @dataclass
 class KindTotals:
@@ -81,37 +85,50 @@ class CommLedger:
         return int(sum(v["sent_bytes"] for v in totals.values()))
 
 
-def paper_sent_bytes(stage: int, numel: int, world_size: int, grad_accum: int) -> int:
+def paper_sent_bytes(
+    stage: int, numel: int, world_size: int, grad_accum: int, element_bytes: int = 4
+) -> int:
     """Bytes one rank sends per step for parameters and gradients.
 
     At grad_accum = 1 this is the paper's Sec. 7 volume (2 Psi at stages 0-2,
-    3 Psi at stage 3, times (W-1)/W). Each reduce-scatter or all-gather of Psi
-    elements moves (W-1)/W * Psi per rank. Stage 0 all-reduces (= reduce-scatter
-    + all-gather) every micro-step; stages 1-2 reduce-scatter every micro-step
-    and all-gather once; stage 3 gathers twice (forward, backward) per micro-step
-    and reduce-scatters every micro-step. The paper counts one micro-step; for
-    k > 1 this is zero_ref's schedule (DeepSpeed's stages 0-1 reduce once)."""
-    per_collective = 4 * numel * (world_size - 1) // world_size
+    3 Psi at stage 3, times (W-1)/W elements of `element_bytes`: 2 in the paper's
+    fp16). Each reduce-scatter or all-gather of Psi elements moves (W-1)/W * Psi
+    per rank. Stage 0 all-reduces (= reduce-scatter + all-gather) every micro-step;
+    stages 1-2 reduce-scatter every micro-step and all-gather once; stage 3 gathers
+    twice (forward, backward) per micro-step and reduce-scatters every micro-step.
+    The paper counts one micro-step; for k > 1 this is zero_ref's schedule
+    (DeepSpeed's stages 0-1 reduce once)."""
+    per_collective = element_bytes * numel * (world_size - 1) // world_size
     k = grad_accum
     return per_collective * {0: 2 * k, 1: k + 1, 2: k + 1, 3: 3 * k}[stage]
 
 
 def expected_sent_bytes(
-    stage: int, unit_numels: Sequence[int], world_size: int, grad_accum: int
+    stage: int,
+    unit_numels: Sequence[int],
+    world_size: int,
+    grad_accum: int,
+    sizes: ElementBytes = FP32,
+    skipped: bool = False,
 ) -> int:
     """Bytes one rank sends per step for parameters and gradients in zero_ref's schedule.
 
-    As paper_sent_bytes, except at stage 3, where the gathered-unit buffer is
-    reused: the last unit's forward gather serves its backward too, and unit 0's
+    Gradients are reduce-scattered in the wire's dtype (sizes.comm), parameters
+    all-gathered in theirs (sizes.param); stage 0's all-reduce gathers the reduced
+    blocks in the gradients' dtype (sizes.grad). At stage 3 the gathered-unit buffer
+    is reused: the last unit's forward gather serves its backward too, and unit 0's
     backward gather serves the next micro-step's forward. unit_numels are the
-    padded sizes, in forward order."""
-    psi = sum(unit_numels)
+    padded sizes, in forward order. A skipped step (a NaN/Inf gradient) updates
+    nothing, so stages 1-2 gather nothing after it."""
+    psi, k = sum(unit_numels), grad_accum
+    fraction = (world_size - 1) / world_size
+    if stage == 0:
+        return int(fraction * psi * k * (sizes.comm + sizes.grad))
     if stage < 3:
-        return paper_sent_bytes(stage, psi, world_size, grad_accum)
-    per_element = 4 * (world_size - 1) / world_size
+        return int(fraction * psi * (k * sizes.comm + (0 if skipped else sizes.param)))
     counts = stage3_gathers(len(unit_numels), grad_accum)
     gathered = sum(n * c for n, c in zip(unit_numels, counts, strict=True))
-    return int(per_element * (gathered + grad_accum * psi))
+    return int(fraction * (sizes.param * gathered + sizes.comm * k * psi))
 
 
 def stage3_gathers(n_units: int, grad_accum: int) -> list[int]:

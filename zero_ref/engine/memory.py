@@ -11,7 +11,8 @@ deterministic reduction allocates for the length of one call.
 Formulas (Sec. 5.1-5.3 of the paper, per rank, Psi parameters, Nd ranks):
   mixed precision, K = 12:  stage 0: (2 + 2 + K) Psi      stage 1: (2 + 2 + K/Nd) Psi
                             stage 2: (2 + (2 + K)/Nd) Psi stage 3: (2 + 2 + K) Psi / Nd
-  fp32 as trained here:     params 4 Psi, grads 4 Psi, optimizer (m, v) 8 Psi,
+                            (--precision fp16/bf16: the ledger holds exactly this)
+  fp32:                     params 4 Psi, grads 4 Psi, optimizer (m, v) 8 Psi,
                             each divided by Nd once its stage shards it.
 """
 
@@ -22,7 +23,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from zero_ref.dtypes import ElementBytes
 from zero_ref.layout.buckets import bucket_columns
+
+FP32 = ElementBytes()
 
 CATEGORIES = ("params", "grads", "optimizer", "buffers")
 
@@ -63,19 +67,31 @@ class MemoryLedger:
             self.peak_by_category[c] = max(self.peak_by_category[c], b)
 
 
-def fp32_formula_bytes(stage: int, numel: int, world_size: int, grad_accum: int) -> dict[str, int]:
-    """Bytes of params, grads and optimizer state one rank holds in zero_ref's fp32 engine.
+def formula_bytes(
+    stage: int, numel: int, world_size: int, grad_accum: int, sizes: ElementBytes = FP32
+) -> dict[str, int]:
+    """Bytes of params, grads and optimizer state one rank holds in zero_ref's engine.
 
-    numel is the padded Psi (a multiple of world_size). Beyond the paper's
-    model: stage 0 with grad_accum > 1 keeps a second full gradient buffer (the
-    accumulator), and stage 1 keeps its reduced gradient shard beside the full
-    gradient buffer that backward writes into."""
-    full, shard = 4 * numel, 4 * numel // world_size
-    grads = {0: full * (2 if grad_accum > 1 else 1), 1: full + shard, 2: shard, 3: shard}[stage]
+    numel is the padded Psi (a multiple of world_size); `sizes` the bytes per element
+    of each kind of array (fp32 by default). With mixed precision and grad_accum = 1
+    this is exactly the paper's (2 + 2 + K) Psi ladder with K = 12 (master weights,
+    m, v in float32). Beyond the paper's model: with grad_accum > 1, stage 0 keeps a
+    second full gradient buffer (the accumulator) and stage 1 a reduced gradient
+    shard beside the full gradient buffer that backward writes into."""
+    nd = world_size
+    k_bytes = 8 + sizes.master  # m and v, and the master weights when they are separate
+    grad_full, grad_shard = sizes.grad * numel, sizes.grad * numel // nd
+    accumulating = grad_accum > 1
+    grads = {
+        0: grad_full * (2 if accumulating else 1),
+        1: grad_full + (grad_shard if accumulating else 0),
+        2: grad_shard,
+        3: grad_shard,
+    }[stage]
     return {
-        "params": full if stage < 3 else shard,
+        "params": sizes.param * (numel if stage < 3 else numel // nd),
         "grads": grads,
-        "optimizer": 2 * full if stage == 0 else 2 * shard,
+        "optimizer": k_bytes * (numel if stage == 0 else numel // nd),
     }
 
 
@@ -90,20 +106,42 @@ def paper_formula_bytes(stage: int, numel: int, world_size: int, k: int = 12) ->
     }[stage]
 
 
-def fp32_buffer_bytes(
-    stage: int, unit_numels: Sequence[int], world_size: int, bucket_numel: int, grad_accum: int
+def buffer_formula_bytes(
+    stage: int,
+    unit_numels: Sequence[int],
+    world_size: int,
+    bucket_numel: int,
+    grad_accum: int,
+    sizes: ElementBytes = FP32,
 ) -> int:
     """Bytes of the `buffers` category: what a stage keeps besides the model states.
 
     unit_numels are the padded unit sizes. Stages 1-3 stage the widest bucket for all
-    ranks (at most bucket_numel elements; zero_ref/layout/buckets.py) and, with grad_accum > 1,
-    a landing row for micro-steps after the first; stages 2-3 add one unit's gradient
-    scratch, stage 3 one gathered unit. Both are as wide as the widest unit."""
-    if stage == 0:
-        return 0
+    ranks (at most bucket_numel elements, zero_ref/layout/buckets.py, in the wire's
+    dtype) and a landing row for a reduced bucket that is not written straight into
+    the gradient shard (micro-steps after the first; stage 1's landing in the full
+    gradient buffer). Stages 2-3 keep one unit's float32 gradient scratch, as do
+    stages 0-1 when gradients are 16-bit (backward writes float32, rounded once);
+    with 16-bit parameters every stage keeps one unit's float32 widened parameters;
+    stage 3 one gathered unit; stage 0 a staging chunk when the wire's dtype is
+    not the gradients'. Each is as wide as the widest unit (or bucket)."""
     shard_numel = sum(unit_numels) // world_size
     columns = min(bucket_columns(bucket_numel, world_size), shard_numel)
-    staged = world_size * columns + (columns if grad_accum > 1 else 0)
     widest = max(unit_numels, default=0)
-    per_unit = {1: 0, 2: 1, 3: 2}[stage]  # grad scratch (2-3), gathered unit (3)
-    return 4 * (staged + per_unit * widest)
+    total = 0
+    if stage == 0:
+        if sizes.comm != sizes.grad:
+            total += sizes.comm * min(
+                world_size * bucket_columns(bucket_numel, world_size), sum(unit_numels)
+            )
+    else:
+        total += sizes.comm * world_size * columns
+        if grad_accum > 1 or stage == 1:
+            total += sizes.grad * columns
+    if stage >= 2 or sizes.grad != 4:
+        total += 4 * widest  # float32 gradient scratch
+    if sizes.master:
+        total += 4 * widest  # float32 widened parameters
+    if stage == 3:
+        total += sizes.param * widest  # the gathered unit
+    return total

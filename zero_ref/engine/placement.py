@@ -3,10 +3,10 @@
 Every array whose size grows with the model (parameters, gradients, optimizer
 state, bucket staging, gathered units) is created here and registered with the
 memory ledger at creation, so what the ledger says a rank holds is what it
-allocated. Today everything is float32 in this process's RAM; mixed precision
-(a dtype per category), NVMe offload (np.memmap files) and the GPU (device
-arrays) will be other placements with the same two methods, and the stages
-will not change.
+allocated. Arrays live in this process's RAM, float32 unless the caller names
+a dtype (mixed precision: 16-bit parameters and gradients, zero_ref/engine/precision.py);
+NVMe offload (np.memmap files) and the GPU (device arrays) will be other
+placements with the same two methods, and the stages will not change.
 """
 
 from __future__ import annotations
@@ -17,17 +17,19 @@ from zero_ref.engine.memory import MemoryLedger
 
 
 class HostPlacement:
-    """float32 arrays in RAM, each registered with the ledger under its category."""
-
-    dtype = np.float32
+    """Arrays in RAM, each registered with the ledger under its category."""
 
     def __init__(self, ledger: MemoryLedger) -> None:
         self.ledger = ledger
 
-    def zeros(self, category: str, name: str, numel: int) -> np.ndarray:
+    def zeros(
+        self, category: str, name: str, numel: int, dtype: np.dtype = np.float32
+    ) -> np.ndarray:
         """A new zero-filled 1-D array, held under `category` as `name`."""
-        return self.ledger.hold(category, name, np.zeros(numel, self.dtype))
+        return self.ledger.hold(category, name, np.zeros(numel, dtype))
 
-    def empty(self, category: str, name: str, numel: int) -> np.ndarray:
+    def empty(
+        self, category: str, name: str, numel: int, dtype: np.dtype = np.float32
+    ) -> np.ndarray:
         """A new 1-D array whose contents the caller fills before reading."""
-        return self.ledger.hold(category, name, np.empty(numel, self.dtype))
+        return self.ledger.hold(category, name, np.empty(numel, dtype))

@@ -9,6 +9,12 @@ every rank then runs the same AdamW step on the whole buffer.
 This class also holds the loop all stages share (forward through the units,
 loss, backward in reverse, optimizer step); the stages above override only
 the hooks that say where memory lives and which collectives run.
+
+Mixed precision (zero_ref/engine/precision.py) is a policy every stage shares:
+parameters and gradients in 16 bits, widened to float32 for the model's math
+and rounded once when written; the optimizer updates float32 master weights
+and rounds them into the 16-bit parameters; with fp16 the loss is scaled
+(zero_ref/optim/loss_scale.py) and an overflowing step is skipped.
 """
 
 from __future__ import annotations
@@ -21,18 +27,23 @@ import numpy as np
 
 from zero_ref.comm.collectives import Comm
 from zero_ref.config import ZeroConfig
+from zero_ref.dtypes import accumulate_rounded, round_into
 from zero_ref.engine.init_source import InitSource, as_init_source
 from zero_ref.engine.memory import MemoryLedger
 from zero_ref.engine.packing import unpack_full
 from zero_ref.engine.placement import HostPlacement
+from zero_ref.engine.precision import Precision
 from zero_ref.layout.buckets import bucket_columns
 from zero_ref.layout.flat import FlatLayout, UnitLayout, model_layout, rank_rows, tensor_views
 from zero_ref.models.unit import Model
 from zero_ref.optim.adamw import adamw_kernel, adamw_scalars, with_lr
 from zero_ref.optim.gradnorm import clip_coefficient, global_grad_norm
+from zero_ref.optim.loss_scale import LossScaleState, initial_state, next_state
 from zero_ref.optim.nonfinite import NonFiniteGradientError, describe_full_index, locate_nonfinite
 
 StateSink = Callable[[str, UnitLayout, np.ndarray], None]  # (kind, unit, padded flat range)
+Owned = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+OPTIMIZER_CHUNK = 1 << 18  # elements the optimizer widens and updates at a time
 
 
 @dataclass(frozen=True)
@@ -42,7 +53,8 @@ class StepResult:
     step: int
     loss: float  # mean over all ranks and micro-steps
     grad_norm: float  # global norm of the averaged gradient, before clipping
-    skipped: bool = False  # a NaN/Inf gradient under the "skip" policy: nothing changed
+    skipped: bool = False  # a NaN/Inf gradient (skip policy, fp16 overflow): nothing changed
+    loss_scale: float = 1.0  # the scale backward multiplied the loss by (fp16), else 1
 
 
 def _check_comm_matches(comm: Comm, cfg: ZeroConfig) -> None:
@@ -58,12 +70,20 @@ def _check_comm_matches(comm: Comm, cfg: ZeroConfig) -> None:
         comm.check_schedule = True
 
 
+def unscaled_chunks(grad: np.ndarray, divisor: np.float32):
+    """float32 chunks of grad / divisor (one rounding each), OPTIMIZER_CHUNK at a time:
+    the averaged, unscaled gradient the norm and AdamW see, never whole in memory."""
+    for lo in range(0, grad.size, OPTIMIZER_CHUNK):
+        yield np.divide(grad[lo : lo + OPTIMIZER_CHUNK], divisor, dtype=np.float32)
+
+
 def accumulate(dst: np.ndarray, src: np.ndarray, first: bool) -> None:
-    """dst = src on the first micro-step, dst += src after (the oracle's order)."""
+    """dst = src on the first micro-step, dst += src after (the oracle's order),
+    each sum rounded once to dst's dtype."""
     if first:
         dst[...] = src
     else:
-        dst += src
+        accumulate_rounded(dst, src)
 
 
 class Stage0DataParallel:
@@ -83,6 +103,10 @@ class Stage0DataParallel:
         self.layout: FlatLayout = model_layout(model, comm.size)
         self.memory = MemoryLedger()
         self.place = HostPlacement(self.memory)  # where every model-sized array lives
+        self.precision = Precision.of(cfg)  # the dtype of each kind of array
+        self.scaler: LossScaleState | None = None  # fp16's loss scaler
+        if self.precision.scaled:
+            self.scaler = initial_state(cfg.loss_scale)
         self.step_count = 0
         _check_comm_matches(comm, cfg)
         self._init_params(as_init_source(init_params, model))
@@ -91,19 +115,53 @@ class Stage0DataParallel:
 
     # ---- where model state lives (stage 0: everything full)
     def _init_params(self, source: InitSource) -> None:
-        """The full parameters, filled unit by unit from the source."""
-        self.full_params = self.place.zeros("params", "full_params", self.layout.full_numel)
+        """The full parameters and, with 16-bit ones, the optimizer's float32 master
+        weights (full at stage 0), filled unit by unit from the source."""
+        n, p = self.layout.full_numel, self.precision
+        self.full_params = self.place.zeros("params", "full_params", n, p.param)
+        self.master = self.full_params  # float32 parameters are their own master
+        if p.mixed:
+            self.master = self.place.zeros("optimizer", "master_params", self._optimizer_numel())
+        self._init_compute_scratch()
+        self._fill_params(source)
+
+    def _fill_params(self, source: InitSource) -> None:
+        """Parameters from the source (creation, or resuming): the float32 values go
+        to the master weights, rounded once into the 16-bit parameters."""
         for unit in self.layout.units:
-            source.fill_unit(unit, self.full_params[unit.full_slice()], 0, unit.padded_numel)
+            source.fill_unit(unit, self.master[unit.full_slice()], 0, unit.padded_numel)
+        if self.master is not self.full_params:
+            round_into(self.full_params, self.master)
+
+    def _init_compute_scratch(self) -> None:
+        """With 16-bit parameters: one unit's float32 widened copy, which the model reads."""
+        self.param_scratch = None
+        if self.precision.mixed:
+            widest = self.layout.widest_unit_numel
+            self.param_scratch = self.place.empty("buffers", "unit_param_scratch", widest)
 
     def _init_grads(self) -> None:
-        n = self.layout.full_numel
-        self.full_grads = self.place.zeros("grads", "full_grads", n)
+        n, dtype = self.layout.full_numel, self.precision.grad
+        self.full_grads = self.place.zeros("grads", "full_grads", n, dtype)
         self.grad_acc = self.full_grads
         if self.cfg.grad_accum > 1:
-            self.grad_acc = self.place.zeros("grads", "full_grad_acc", n)
+            self.grad_acc = self.place.zeros("grads", "full_grad_acc", n, dtype)
+        self._init_grad_scratch()
+        self.wire = None  # stage 0's staging chunk when the wire's dtype is not the gradients'
+        if self.precision.comm != dtype:
+            numel = min(self._allreduce_chunk(), n)
+            self.wire = self.place.zeros("buffers", "wire_chunk", numel, self.precision.comm)
+
+    def _init_grad_scratch(self) -> None:
+        """Backward writes float32: with 16-bit gradients it writes one unit into this
+        scratch, which is then rounded once into the gradient buffer."""
+        self.unit_grad_scratch = None
+        if self.precision.grad != np.float32:
+            widest = self.layout.widest_unit_numel
+            self.unit_grad_scratch = self.place.zeros("buffers", "unit_grad_scratch", widest)
 
     def _init_optimizer(self) -> None:
+        """AdamW's m and v (float32), for what this rank updates."""
         n = self._optimizer_numel()
         self.exp_avg = self.place.zeros("optimizer", "exp_avg", n)
         self.exp_avg_sq = self.place.zeros("optimizer", "exp_avg_sq", n)
@@ -114,28 +172,61 @@ class Stage0DataParallel:
     # ---- hooks the shared loop calls, unit by unit
     def unit_params(self, i: int) -> dict[str, np.ndarray]:
         unit = self.layout.units[i]
-        return tensor_views(self.full_params[unit.full_slice()], unit)
+        return tensor_views(self._widened(self.full_params[unit.full_slice()]), unit)
+
+    def _widened(self, flat: np.ndarray) -> np.ndarray:
+        """A unit's parameters as the model reads them: float32 ones as they are,
+        16-bit ones widened (exactly) into the float32 scratch."""
+        if self.param_scratch is None:
+            return flat
+        scratch = self.param_scratch[: flat.size]
+        scratch[...] = flat
+        return scratch
 
     def release_unit_params(self, i: int) -> None:
         """Stage 3 frees the gathered unit here; below it there is nothing to free."""
 
     def unit_grads(self, i: int) -> dict[str, np.ndarray]:
+        """Where backward writes unit i's float32 gradients: the gradient buffer itself,
+        or (16-bit gradients) the float32 scratch."""
         unit = self.layout.units[i]
-        return tensor_views(self.full_grads[unit.full_slice()], unit)
+        if self.unit_grad_scratch is None:
+            return tensor_views(self.full_grads[unit.full_slice()], unit)
+        return tensor_views(self._zeroed_scratch(unit), unit)
+
+    def _zeroed_scratch(self, unit: UnitLayout) -> np.ndarray:
+        """The gradient scratch for `unit`, its padding zero (backward writes the rest)."""
+        self.unit_grad_scratch[unit.numel : unit.padded_numel] = 0
+        return self.unit_grad_scratch[: unit.padded_numel]
 
     def on_unit_backward_done(self, i: int, micro: int) -> None:
-        """Stage 2 reduce-scatters full buckets here."""
+        """16-bit gradients: round the unit's float32 scratch once into the buffer.
+        (Stage 2 reduce-scatters full buckets here.)"""
+        if self.unit_grad_scratch is not None:
+            unit = self.layout.units[i]
+            scratch = self.unit_grad_scratch[: unit.padded_numel]
+            round_into(self.full_grads[unit.full_slice()], scratch)
+
+    def _allreduce_chunk(self) -> int:
+        return bucket_columns(self.cfg.bucket_numel, self.world) * self.world
 
     def on_backward_done(self, micro: int) -> None:
-        chunk = bucket_columns(self.cfg.bucket_numel, self.world) * self.world
+        """All-reduce the gradients in chunks; a wire of another dtype is staged."""
+        chunk = self._allreduce_chunk()
         for start in range(0, self.layout.full_numel, chunk):
-            self.comm.allreduce_sum(self.full_grads[start : start + chunk])
+            grads = self.full_grads[start : start + chunk]
+            if self.wire is None:
+                self.comm.allreduce_sum(grads)
+                continue
+            wire = round_into(self.wire[: grads.size], grads)
+            self.comm.allreduce_sum_into(wire, grads)
         if self.grad_acc is not self.full_grads:
             accumulate(self.grad_acc, self.full_grads, first=micro == 0)
 
-    def owned_slices(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-        """(param, grad, exp_avg, exp_avg_sq) 1-D views this rank updates."""
-        return [(self.full_params, self.grad_acc, self.exp_avg, self.exp_avg_sq)]
+    def owned_slices(self) -> list[Owned]:
+        """(param, grad, master, exp_avg, exp_avg_sq) 1-D views this rank updates; master
+        is param itself when parameters are float32."""
+        return [(self.full_params, self.grad_acc, self.master, self.exp_avg, self.exp_avg_sq)]
 
     def norm_comm(self) -> Comm | None:
         """Who holds the other parts of the gradient (None: this rank holds all of it)."""
@@ -155,13 +246,19 @@ class Stage0DataParallel:
         if len(inputs) != k or len(targets) != k:
             raise ValueError(f"train_step got {len(inputs)} micro-batches; grad_accum is {k}")
         self.comm.set_context(step=self.step_count + 1)
+        scale = self.loss_scale()
         loss_sum = sum(self.forward_backward(inputs[j], targets[j], j) for j in range(k))
         steps_before = self.step_count
         grad_norm = self.optimizer_step(lr)
         self.comm.set_context(where="loss")
         loss = self.comm.allreduce_float64(loss_sum, kind="loss") / (k * self.world)
         self.comm.ledger.end_step()
-        return StepResult(self.step_count, loss, grad_norm, self.step_count == steps_before)
+        skipped = self.step_count == steps_before
+        return StepResult(self.step_count, loss, grad_norm, skipped, scale)
+
+    def loss_scale(self) -> float:
+        """The scale backward multiplies the loss by this step (1 without fp16)."""
+        return 1.0 if self.scaler is None else self.scaler.scale
 
     def forward_backward(self, x: np.ndarray, targets: np.ndarray, micro: int) -> float:
         """Forward unit by unit, the loss, backward in reverse; returns the loss.
@@ -170,7 +267,8 @@ class Stage0DataParallel:
         and backward, and runs its forward again right before its backward (at stage
         3 just after the gather backward needs anyway): the activations of one unit
         at a time, for a second forward's compute. The recomputed cache is the same,
-        bit for bit, so results do not change."""
+        bit for bit, so results do not change. With fp16 the loss's gradient is
+        multiplied by the loss scale, so every gradient is that many times larger."""
         kept = []  # per unit: what its backward needs (its cache, or its input)
         for i, unit in enumerate(self.model.units):
             self.comm.set_context(where=f"micro-step {micro} forward {unit.name}")
@@ -180,6 +278,8 @@ class Stage0DataParallel:
             kept.append(x_in if self.cfg.checkpoint_activations else cache)
             cache = None
         loss, dout = self.model.loss(x, targets)
+        if self.scaler is not None:
+            dout = dout * np.float32(self.scaler.scale)
         for i in range(len(self.model.units) - 1, -1, -1):
             unit = self.model.units[i]
             self.comm.set_context(where=f"micro-step {micro} backward {unit.name}")
@@ -195,35 +295,50 @@ class Stage0DataParallel:
         return loss
 
     def optimizer_step(self, lr: float | None = None) -> float:
-        """Average, clip by the global norm, AdamW on the owned slices; returns the norm.
+        """Average and unscale, clip by the global norm, AdamW on the owned slices;
+        returns the norm.
 
-        A non-finite norm (the same on every rank) means a NaN/Inf somewhere: the
-        `nonfinite` policy raises, or skips the step with all state untouched."""
+        The gradient AdamW sees is g = grad / (W k S) in float32 (S the loss scale
+        backward used, 1 without fp16), computed chunk by chunk from the stored
+        gradient, twice: once for the norm, once for the update, so no float32 copy
+        of a 16-bit gradient is ever whole. A non-finite norm (the same on every
+        rank) means a NaN/Inf somewhere: with fp16 an overflow, and the step is
+        skipped; otherwise the `nonfinite` policy raises or skips. A skipped step
+        leaves params, optimizer state and the step count untouched on every rank.
+        fp16's scaler then moves (zero_ref/optim/loss_scale.py)."""
         self.comm.set_context(where="optimizer step")
         owned = self.owned_slices()
-        scale = np.float32(self.world * self.cfg.grad_accum)
-        for _, grad, _, _ in owned:
-            grad /= scale
-        grads = [g for _, g, _, _ in owned]
-        norm = global_grad_norm(grads, self.norm_comm(), exact=self.cfg.deterministic)
-        if not math.isfinite(norm) and self._skip_nonfinite(grads):
-            return norm  # params, optimizer state and step_count untouched on every rank
+        divisor = np.float32(self.world * self.cfg.grad_accum * self.loss_scale())
+        grads = [g for _, g, _, _, _ in owned]
+        chunks = (g for grad in grads for g in unscaled_chunks(grad, divisor))
+        norm = global_grad_norm(chunks, self.norm_comm(), exact=self.cfg.deterministic)
+        skip = not math.isfinite(norm) and self._skip_nonfinite(grads)
+        if self.scaler is not None:
+            self.scaler = next_state(self.cfg.loss_scale, self.scaler, overflow=skip)
+        if skip:
+            return norm
         self.step_count += 1
         coef = clip_coefficient(norm, self.cfg.clip)
         s = adamw_scalars(with_lr(self.cfg.optimizer, lr), self.step_count)
-        for param, grad, exp_avg, exp_avg_sq in owned:
-            if coef != 1:
-                grad *= coef
-            adamw_kernel(param, grad, exp_avg, exp_avg_sq, s)
+        for param, grad, master, exp_avg, exp_avg_sq in owned:
+            for lo in range(0, grad.size, OPTIMIZER_CHUNK):
+                hi = lo + OPTIMIZER_CHUNK
+                g = next(unscaled_chunks(grad[lo:hi], divisor))
+                if coef != 1:
+                    g *= coef
+                adamw_kernel(master[lo:hi], g, exp_avg[lo:hi], exp_avg_sq[lo:hi], s)
+                if master is not param:
+                    round_into(param[lo:hi], master[lo:hi])  # the 16-bit copy of the update
         self.after_update()
         return norm
 
     def _skip_nonfinite(self, grads: list[np.ndarray]) -> bool:
-        """Find the first NaN/Inf over all ranks; raise ("raise") or return True ("skip")."""
+        """Find the first NaN/Inf over all ranks; with fp16 (an overflow) or the "skip"
+        policy return True, else ("raise") raise an error naming the parameter."""
         full_index = locate_nonfinite(grads, self.layout, self.rank, self.norm_comm())
         if full_index is None:
             return False  # finite gradients whose float32 norm overflowed: step as before
-        if self.cfg.nonfinite == "skip":
+        if self.cfg.nonfinite == "skip" or self.scaler is not None:
             return True
         raise NonFiniteGradientError(
             f"non-finite gradient (NaN or Inf) in {describe_full_index(self.layout, full_index)}"
@@ -241,8 +356,9 @@ class Stage0DataParallel:
 
     def full_parameters(self) -> dict[str, np.ndarray]:
         """Every parameter, a full copy on every rank (a collective at stage 3): for tests
-        and small models. Runs stream the state to rank 0 instead (stream_state)."""
-        return unpack_full(self.full_params, self.layout)
+        and small models. Runs stream the state to rank 0 instead (stream_state). With
+        16-bit parameters these are the float32 master weights they are rounded from."""
+        return unpack_full(self.master, self.layout)
 
     def stream_state(self, kinds: Sequence[str], sink: StateSink) -> None:
         """Hand rank 0 each unit's padded range of each state buffer in `kinds`
@@ -280,7 +396,11 @@ class Stage0DataParallel:
     def load_state(self, kind: str, source: InitSource) -> None:
         """Overwrite state buffer `kind` with what `source` holds for it, reading only
         what this rank keeps: whole units where it keeps the buffer whole, its own
-        slices where the stage shards it (resuming from a checkpoint)."""
+        slices where the stage shards it (resuming from a checkpoint). "param" fills
+        the master weights and, rounded, the 16-bit parameters, as at creation."""
+        if kind == "param":
+            self._fill_params(source)
+            return
         whole, shard = self._state_buffers(kind)
         for unit in self.layout.units:
             if whole is not None:
@@ -295,6 +415,7 @@ class Stage0DataParallel:
         return self.place.empty("buffers", "landing", self.layout.widest_unit_numel)
 
     def _state_buffers(self, kind: str) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """(the full buffer if this rank keeps it whole, else None; its shard buffer)."""
-        whole = {"param": self.full_params, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
+        """(the full buffer if this rank keeps it whole, else None; its shard buffer).
+        "param" is the float32 master weights (the parameters themselves in fp32)."""
+        whole = {"param": self.master, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
         return whole[kind], None

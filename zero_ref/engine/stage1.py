@@ -1,11 +1,14 @@
 """Stage 1 (P_os): the optimizer state is partitioned.
 
-Adds to stage 0: each rank keeps AdamW's m and v only for its slice of every
-unit, so optimizer memory drops from 8 Psi to 8 Psi / Nd bytes. After backward
-the gradients are reduce-scattered in buckets (zero_ref/engine/grad_buckets.py;
-each rank receives the sum for its slice only), the rank updates its slice of
-the parameters, and an all-gather brings every rank the updated full
-parameters. Backward still writes a full-size gradient buffer.
+Adds to stage 0: each rank keeps AdamW's m and v (and, with 16-bit parameters,
+the float32 master weights) only for its slice of every unit, so optimizer
+memory drops from K Psi to K Psi / Nd bytes. After backward the gradients are
+reduce-scattered in buckets (zero_ref/engine/grad_buckets.py; each rank receives
+the sum for its slice only, written back into its own rows of the full gradient
+buffer, or with grad_accum > 1 into a gradient shard that sums the micro-steps),
+the rank updates its slice of the parameters, and an all-gather brings every
+rank the updated full parameters. Backward still writes a full-size gradient
+buffer.
 """
 
 from __future__ import annotations
@@ -13,9 +16,12 @@ from __future__ import annotations
 import numpy as np
 
 from zero_ref.comm.collectives import Comm
+from zero_ref.dtypes import round_into
 from zero_ref.engine.grad_buckets import GradientBuckets
-from zero_ref.engine.stage0 import Stage0DataParallel
-from zero_ref.layout.flat import rank_rows
+from zero_ref.engine.init_source import InitSource
+from zero_ref.engine.packing import unpack_full
+from zero_ref.engine.stage0 import Owned, Stage0DataParallel
+from zero_ref.layout.flat import UnitLayout, rank_rows
 
 
 class Stage1OptimizerSharded(Stage0DataParallel):
@@ -23,17 +29,43 @@ class Stage1OptimizerSharded(Stage0DataParallel):
 
     stage = 1
 
+    def _fill_params(self, source: InitSource) -> None:
+        """Every rank reads whole units: the full parameters, and its slice of each as
+        float32 master weights (16-bit parameters are those, rounded)."""
+        for unit in self.layout.units:
+            full = self.full_params[unit.full_slice()]
+            if self.master is self.full_params:
+                source.fill_unit(unit, full, 0, unit.padded_numel)
+                continue
+            whole = np.empty(unit.padded_numel, np.float32)  # one unit, for a moment
+            source.fill_unit(unit, whole, 0, unit.padded_numel)
+            round_into(full, whole)
+            self.master[unit.shard_slice()] = rank_rows(whole, unit)[self.rank]
+
     def _init_grads(self) -> None:
-        self.full_grads = self.place.zeros("grads", "full_grads", self.layout.full_numel)
+        dtype = self.precision.grad
+        self.full_grads = self.place.zeros("grads", "full_grads", self.layout.full_numel, dtype)
+        self._init_grad_scratch()
         self._init_buckets()
 
     def _init_buckets(self) -> None:
-        """This rank's reduced gradient slice, and the buckets that fill it."""
-        self.shard_grads = self.place.zeros("grads", "shard_grads", self.layout.shard_numel)
+        """The buckets, and where their sums land: this rank's rows of the full gradient
+        (grad_accum 1), or a gradient shard that adds up the micro-steps."""
+        self.shard_grads = None
+        if self.cfg.grad_accum > 1:
+            self.shard_grads = self._new_shard_grads()
+        self._make_buckets(self.shard_grads, self.full_grads)
+
+    def _new_shard_grads(self) -> np.ndarray:
+        numel = self.layout.shard_numel
+        return self.place.zeros("grads", "shard_grads", numel, self.precision.grad)
+
+    def _make_buckets(self, shard_grads: np.ndarray | None, full_grads: np.ndarray | None):
         cfg = self.cfg
         self.buckets = GradientBuckets(
-            self.layout, cfg.bucket_numel, cfg.grad_accum, self.comm, self.place, self.shard_grads
-        )
+            self.layout, cfg.bucket_numel, cfg.grad_accum, self.comm, self.place,
+            self.precision.comm, shard_grads, full_grads,
+        )  # fmt: skip
 
     def _optimizer_numel(self) -> int:
         return self.layout.shard_numel
@@ -43,15 +75,23 @@ class Stage1OptimizerSharded(Stage0DataParallel):
         for i in range(len(self.layout.units) - 1, -1, -1):
             self.buckets.unit_ready(i, self.full_grads[self.layout.units[i].full_slice()], micro)
 
-    def owned_slices(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    def owned_slices(self) -> list[Owned]:
         owned = []
         for unit in self.layout.units:
             if unit.shard_numel == 0:
                 continue
             s = unit.shard_slice()
             param = rank_rows(self.full_params[unit.full_slice()], unit)[self.rank]
-            owned.append((param, self.shard_grads[s], self.exp_avg[s], self.exp_avg_sq[s]))
+            master = param if self.master is self.full_params else self.master[s]
+            grad = self._owned_grad(unit)
+            owned.append((param, grad, master, self.exp_avg[s], self.exp_avg_sq[s]))
         return owned
+
+    def _owned_grad(self, unit: UnitLayout) -> np.ndarray:
+        """This rank's reduced gradient slice of `unit`."""
+        if self.shard_grads is not None:
+            return self.shard_grads[unit.shard_slice()]
+        return rank_rows(self.full_grads[unit.full_slice()], unit)[self.rank]
 
     def norm_comm(self) -> Comm | None:
         return self.comm
@@ -62,14 +102,21 @@ class Stage1OptimizerSharded(Stage0DataParallel):
                 self.comm.allgather_in_place(self.full_params[unit.full_slice()])
 
     def _state_buffers(self, kind: str) -> tuple[np.ndarray | None, np.ndarray | None]:
-        if kind == "param":
+        if kind == "param" and self.master is self.full_params:
             return self.full_params, None
-        return None, {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}[kind]
+        shards = {"param": self.master, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
+        return None, shards[kind]
+
+    def full_parameters(self) -> dict[str, np.ndarray]:
+        if self.master is self.full_params:
+            return super().full_parameters()
+        self.comm.set_context(where="consolidate")
+        return unpack_full(self.gather_shard(self.master), self.layout)
 
     def gather_shard(self, shard: np.ndarray) -> np.ndarray:
         """The padded full buffer built from every rank's shard-layout buffer, unit by
         unit (a collective; the ledger calls it "consolidate": it is not training)."""
-        full = np.empty(self.layout.full_numel, np.float32)
+        full = np.empty(self.layout.full_numel, shard.dtype)
         for unit in self.layout.units:
             if unit.padded_numel:
                 send = shard[unit.shard_slice()]

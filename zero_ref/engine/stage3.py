@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from zero_ref.dtypes import round_into
 from zero_ref.engine.init_source import InitSource
 from zero_ref.engine.packing import unpack_full
+from zero_ref.engine.stage0 import Owned
 from zero_ref.engine.stage2 import Stage2GradientsSharded
 from zero_ref.layout.flat import tensor_views
 
@@ -25,14 +27,24 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
 
     def _init_params(self, source: InitSource) -> None:
         """Only this rank's slice of each unit is ever filled (DeepSpeed's zero.Init)."""
-        shard = self.place.zeros("params", "shard_params", self.layout.shard_numel)
+        n, p = self.layout.shard_numel, self.precision
+        self.shard_params = self.place.zeros("params", "shard_params", n, p.param)
+        self.master = self.shard_params  # float32 parameters are their own master
+        if p.mixed:
+            self.master = self.place.zeros("optimizer", "master_params", n)
+        self._fill_params(source)
+        widest = self.layout.widest_unit_numel
+        self.gathered = self.place.empty("buffers", "gathered_unit", widest, p.param)
+        self.gathered_unit: int | None = None  # which unit `gathered` holds now
+        self._init_compute_scratch()
+
+    def _fill_params(self, source: InitSource) -> None:
         for unit in self.layout.units:
             lo = self.rank * unit.shard_numel
-            source.fill_unit(unit, shard[unit.shard_slice()], lo, lo + unit.shard_numel)
-        self.shard_params = shard
-        widest = self.layout.widest_unit_numel
-        self.gathered = self.place.empty("buffers", "gathered_unit", widest)
-        self.gathered_unit: int | None = None  # which unit `gathered` holds now
+            source.fill_unit(unit, self.master[unit.shard_slice()], lo, lo + unit.shard_numel)
+        if self.master is not self.shard_params:
+            round_into(self.shard_params, self.master)
+        self.gathered_unit = None  # a gathered copy is stale now
 
     def unit_params(self, i: int) -> dict[str, np.ndarray]:
         """Unit i's full parameters, all-gathered into the one reused buffer unless it
@@ -44,15 +56,16 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
                 send = self.shard_params[unit.shard_slice()]
                 self.comm.allgather(send, self.gathered[: unit.padded_numel])
             self.gathered_unit = i
-        return tensor_views(self.gathered[: unit.padded_numel], unit)
+        return tensor_views(self._widened(self.gathered[: unit.padded_numel]), unit)
 
     def release_unit_params(self, i: int) -> None:
         """Nothing to free: the next gather overwrites the buffer."""
 
-    def owned_slices(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    def owned_slices(self) -> list[Owned]:
         if self.layout.shard_numel == 0:
             return []
-        return [(self.shard_params, self.shard_grads, self.exp_avg, self.exp_avg_sq)]
+        p, m = self.shard_params, self.master
+        return [(p, self.shard_grads, m, self.exp_avg, self.exp_avg_sq)]
 
     def after_update(self) -> None:
         """No all-gather: the next forward gathers each unit when it needs it. The
@@ -60,13 +73,14 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
         self.gathered_unit = None
 
     def _landing_buffer(self) -> np.ndarray:
-        """Streaming overwrites the gathered-unit buffer: no second unit-sized buffer."""
+        """Streaming overwrites the gathered-unit buffer (with 16-bit parameters, the
+        float32 scratch they are widened into): no second unit-sized buffer."""
         self.gathered_unit = None
-        return self.gathered
+        return self.gathered if self.param_scratch is None else self.param_scratch
 
     def _state_buffers(self, kind: str) -> tuple[np.ndarray | None, np.ndarray | None]:
         shards = {
-            "param": self.shard_params,
+            "param": self.master,
             "exp_avg": self.exp_avg,
             "exp_avg_sq": self.exp_avg_sq,
         }
@@ -74,4 +88,4 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
 
     def full_parameters(self) -> dict[str, np.ndarray]:
         self.comm.set_context(where="consolidate")
-        return unpack_full(self.gather_shard(self.shard_params), self.layout)
+        return unpack_full(self.gather_shard(self.master), self.layout)

@@ -115,14 +115,23 @@ def forward_all(model: Model, params: Mapping[str, np.ndarray], x: np.ndarray) -
 
 
 def loss_and_grads(
-    model: Model, params: Mapping[str, np.ndarray], x: np.ndarray, targets: np.ndarray
+    model: Model,
+    params: Mapping[str, np.ndarray],
+    x: np.ndarray,
+    targets: np.ndarray,
+    loss_scale: float | None = None,
 ) -> tuple[float, dict[str, np.ndarray]]:
-    """One process, everything in memory: the loss and d(loss)/d(param) by global name."""
+    """One process, everything in memory: the loss and d(loss)/d(param) by global name.
+
+    With a loss_scale (fp16) the loss's gradient is multiplied by it in float32
+    before backward, so every gradient is scaled; the loss returned is not."""
     caches = []
     for unit in model.units:
         x, cache = unit.forward(unit_params_view(unit, params), x)
         caches.append(cache)
     loss, dout = model.loss(x, targets)
+    if loss_scale is not None:
+        dout = dout * np.float32(loss_scale)
     grads: dict[str, np.ndarray] = {}
     for unit, cache in zip(reversed(model.units), reversed(caches), strict=True):
         unit_grads = {

@@ -1,0 +1,69 @@
+"""The three float formats zero_ref computes and stores in, and rounding between them.
+
+Every rounding is to nearest, ties to even (NumPy's float16 cast, ml_dtypes'
+bfloat16 cast), the IEEE default that GPUs use too, so the engine and the
+single-rank oracle round alike. Pure NumPy: the communication layer, the
+engine and the oracle all use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+DTYPES = {
+    "fp32": np.dtype(np.float32),
+    "fp16": np.dtype(np.float16),
+    "bf16": np.dtype(ml_dtypes.bfloat16),
+}
+
+
+def dtype_of(name: str) -> np.dtype:
+    """The NumPy dtype of a precision name ("fp32", "fp16", "bf16")."""
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"precision {name!r} is not one of {', '.join(DTYPES)}") from None
+
+
+def round_into(dst: np.ndarray, src: np.ndarray) -> np.ndarray:
+    """dst[...] = src rounded to dst's dtype (nearest, ties to even); a float16 overflow
+    becomes Inf, as fp16 hardware makes it (the loss scaler's signal), without a warning."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        dst[...] = src
+    return dst
+
+
+def rounded(src: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """src's values after one rounding to `dtype`, widened back to float32 (a new array)."""
+    if dtype == np.float32:
+        return np.array(src, np.float32)
+    return round_into(np.empty(src.shape, dtype), src).astype(np.float32)
+
+
+def accumulate_rounded(dst: np.ndarray, src: np.ndarray) -> None:
+    """dst = dst + src, added in float32 and rounded once to dst's dtype (16-bit
+    gradient accumulation); for float32 arrays simply dst += src."""
+    if dst.dtype == np.float32 and src.dtype == np.float32:
+        dst += src
+        return
+    round_into(dst, dst.astype(np.float32) + src.astype(np.float32))
+
+
+@dataclass(frozen=True)
+class ElementBytes:
+    """Bytes per element of each kind of model-sized array (the memory and
+    communication formulas take them; fp32 is the default)."""
+
+    param: int = 4  # what the model reads (16-bit with mixed precision)
+    grad: int = 4  # gradient buffers and their accumulation
+    comm: int = 4  # gradients on the wire
+    master: int = 0  # a float32 master copy beside 16-bit parameters (4), or none (0)
+
+
+def element_bytes(param: str, grad: str, comm: str) -> ElementBytes:
+    """ElementBytes of precision names ("fp32", "fp16", "bf16")."""
+    p, g, c = (dtype_of(n).itemsize for n in (param, grad, comm))
+    return ElementBytes(p, g, c, 0 if param == "fp32" else 4)
