@@ -99,3 +99,22 @@ def test_checking_traffic_stays_out_of_the_step_totals(tmp_path):
     small = 48 + 48  # the loss and the norm: one float64 each, all-reduced
     assert [r["sent_bytes"] for r in records[:-1]] == [expected + small] * 4
     assert all("consolidate" not in r["comm_last_step"] for r in final["ranks"])
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_fp16_run_with_overflows_is_bitwise_the_oracle_end_to_end(tmp_path, stage):
+    """--precision fp16 starts at 2^16: the first steps overflow and are skipped by the
+    engine and by the oracle alike; every step, skipped or not, is bitwise the
+    oracle's, and the log records the scale each backward used."""
+    log = tmp_path / "run.jsonl"
+    job = train(
+        "--stage", str(stage), "--steps", "8", "--precision", "fp16", "--deterministic",
+        "--log-jsonl", str(log),
+    )  # fmt: skip
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert "bitwise equal to the single-rank oracle after every step" in job.stdout
+    records = [r for r in read_jsonl(log) if "step" in r]
+    assert records[0]["skipped"] and records[0]["loss_scale"] == 2.0**16
+    assert not all(r["skipped"] for r in records)
+    skipped = sum(r["skipped"] for r in records)
+    assert f"{skipped} of 8 steps skipped" in job.stdout

@@ -87,6 +87,7 @@ class OracleCheck:
         if self.oracle is None:
             return math.nan
         self.oracle.load_state(state["param"], state["exp_avg"], state["exp_avg_sq"], result.step)
+        self.oracle.scaler = engine.scaler  # fp16: the next step starts from the engine's
         return self._last_diff
 
     def _state_on_root(self) -> dict[str, dict[str, np.ndarray]]:
@@ -120,9 +121,15 @@ class OracleCheck:
         oracle, step = self.oracle, result.step
         self.summary.steps += 1
         self._last_diff = 0.0
-        if result.skipped:  # a NaN/Inf step skipped on every rank: nothing moved
-            return None
         loss = oracle.model_step(self.model, inputs, targets, lr)
+        if oracle.last_skipped != result.skipped:
+            took = {True: "skipped the step (a NaN/Inf gradient)", False: "took the step"}
+            return (
+                f"--check-oracle: step {step}: the engine {took[result.skipped]}, the "
+                f"oracle {took[oracle.last_skipped]}"
+            )
+        if result.skipped:  # skipped on every rank and by the oracle: nothing moved
+            return None
         engine_flat = {
             "parameter": oracle.flatten(state["param"]),
             "exp_avg": oracle.flatten(state["exp_avg"]),

@@ -72,10 +72,16 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
         buffer's copy of a unit is stale now."""
         self.gathered_unit = None
 
+    def stream_state(self, kinds, sink) -> None:
+        """As every stage streams, with rank 0 landing units in the gathered-unit buffer
+        (fp32) or the float32 scratch (16-bit parameters): no second unit-sized buffer.
+        Every rank forgets which unit the buffer held, so all gather alike afterwards
+        (a skipped step leaves it holding unit 0)."""
+        if self.param_scratch is None:
+            self.gathered_unit = None
+        super().stream_state(kinds, sink)
+
     def _landing_buffer(self) -> np.ndarray:
-        """Streaming overwrites the gathered-unit buffer (with 16-bit parameters, the
-        float32 scratch they are widened into): no second unit-sized buffer."""
-        self.gathered_unit = None
         return self.gathered if self.param_scratch is None else self.param_scratch
 
     def _state_buffers(self, kind: str) -> tuple[np.ndarray | None, np.ndarray | None]:
