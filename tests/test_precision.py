@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -192,3 +193,13 @@ def test_bf16_inf_is_caught_before_the_master_weights(stage):
     result = engine.train_step(x, x)
     assert result.skipped and engine.step_count == 0
     assert engine.full_parameters()["bad.w"].tolist() == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    "name, stage, precision", [("stage3_fp16", 3, "fp16"), ("stage2_bf16", 2, "bf16")]
+)
+def test_example_configs_ask_for_mixed_precision(name, stage, precision):
+    path = Path(__file__).parent.parent / "docs" / "configs" / f"{name}.json"
+    p = parse_args(["--config", str(path)], world_size=4)
+    assert (p.zero.stage, p.zero.precision) == (stage, precision)
+    assert p.zero.loss_scale == LossScaleConfig() and not p.notes
