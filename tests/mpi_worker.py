@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import sys
+import tempfile
 import time
 import traceback
 
@@ -92,6 +93,7 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
         communication_data_type=case.get("communication_data_type"),
         loss_scale=LossScaleConfig(**case.get("loss_scale", {})),
         nonfinite=case.get("nonfinite", "raise"),
+        **offload_settings(case),
     )
     model, batches = build_model(case)
     init = init_params(model, case["seed"])
@@ -125,7 +127,10 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
     if case.get("save_to"):
         save_checkpoint(engine, case["save_to"], first + case["steps"], {"case": case})
     held = engine.memory.bytes_by_category()
+    on_disk = engine.memory.disk_bytes_by_category()
+    engine.close()
     everyone = world.gather(held, root=0)
+    everyone_disk = world.gather(on_disk, root=0)
     if comm.rank != 0:
         return None
     sizes = engine.precision.bytes
@@ -135,6 +140,7 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
         "optimizer_state_bitwise": optimizer_state_matches(state, oracle),
         "step_count": [engine.step_count, oracle.step_count],
         "memory": everyone,
+        "disk_memory": everyone_disk,
         "formula": formula,
         "peak_params": engine.memory.peak_by_category["params"],
         "case_id": case.get("case_id"),  # which case this answers (tests/mpi_pool.py)
@@ -144,6 +150,15 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
         "numel": engine.layout.numel,
         **plan(engine),
     }
+
+
+def offload_settings(case: dict) -> dict:
+    """ZeroConfig's offload fields for a case with "offload": {sub_group_size,
+    buffer_count}: the optimizer state in swap files under the temp folder."""
+    offload = case.get("offload")
+    if not offload:
+        return {}
+    return {"offload_optimizer": "nvme", "nvme_path": tempfile.gettempdir(), **offload}
 
 
 def replay_history(oracle: Oracle, model, batches, history: list[dict], k: int) -> None:

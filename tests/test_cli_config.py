@@ -62,7 +62,6 @@ def test_every_key_maps(tmp_path):
         "allgather_bucket_size",
         "overlap_comm",
         "offload_optimizer",
-        "sub_group_size",
         "stage3_prefetch_bucket_size",
         "stage3_max_live_parameters",
     ):
@@ -70,6 +69,7 @@ def test_every_key_maps(tmp_path):
     assert "offload_param" not in notes  # device "none" asks for nothing
     assert "fp16" not in notes and "bf16" not in notes  # both implemented
     assert z.precision == "bf16"
+    assert z.sub_group_size == 10**9 and z.offload_optimizer == "none"  # device cpu: noted
 
 
 def test_flags_override_the_file(tmp_path):

@@ -87,8 +87,24 @@ def options(model: st.SearchStrategy, deterministic: bool, worlds: list[int]):
             "seed": st.integers(0, 2**16),
             "checkpoint_activations": st.booleans(),
             "deterministic": st.just(deterministic),
+            "offload": offload_options(mixed=deterministic),
         }
+    ).map(_no_offload_at_stage_0)
+
+
+def offload_options(mixed: bool) -> st.SearchStrategy:
+    """The optimizer state in RAM, or in swap files streamed through a small pool
+    (sub-groups of a few elements, so the pipeline reuses its buffers)."""
+    if not mixed:
+        return st.none()
+    pools = st.fixed_dictionaries(
+        {"sub_group_size": st.sampled_from([1, 7, 64]), "buffer_count": st.sampled_from([3, 4])}
     )
+    return st.one_of(st.none(), pools)
+
+
+def _no_offload_at_stage_0(drawn: dict) -> dict:
+    return drawn | {"offload": None} if drawn["stage"] == 0 else drawn
 
 
 replay_model = units.map(lambda u: {"model": "replay", "units": u})
@@ -123,6 +139,9 @@ BF16_FP32_ACCUM = {  # bf16 gradients on the wire, summed into fp32 gradient buf
     "grad_accum_dtype": "fp32",
     "communication_data_type": "bf16",
 }
+
+
+OFFLOAD = {"sub_group_size": 3, "buffer_count": 3}  # swap files, a pool of 3 x 3 elements
 
 
 def pinned(model: dict, deterministic: bool = True, **changes) -> dict:
@@ -235,9 +254,16 @@ def check_comm_bytes(result: dict, drawn: dict) -> None:
 
 
 def check_memory(result: dict, world: int) -> None:
-    for rank, held in enumerate(result["memory"]):
+    """Every rank holds its stage's formula; offloaded optimizer state is on disk, not
+    in RAM (its bytes the same)."""
+    for rank, (held, on_disk) in enumerate(
+        zip(result["memory"], result["disk_memory"], strict=True)
+    ):
         for category, formula in result["formula"].items():
-            assert held[category] == formula, f"rank {rank} {category}: {held} vs {formula}"
+            where = held if on_disk["optimizer"] == 0 or category != "optimizer" else on_disk
+            assert where[category] == formula, f"rank {rank} {category}: {where} vs {formula}"
+        if on_disk["optimizer"]:
+            assert held["optimizer"] == 0, f"rank {rank}: offloaded state also in RAM"
 
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -255,6 +281,8 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scope
 @example(drawn=pinned(TINY_UNITS, stage=2, world=2, grad_accum=3, precision=BF16_FP32_ACCUM))
 @example(drawn=pinned(TINY_UNITS, stage=3, world=3, bucket_numel=17, precision=FP16_OVERFLOWING))
 @example(drawn=pinned(TINY_UNITS, stage=0, world=2, grad_accum=2, precision=BF16_FP32_ACCUM))
+@example(drawn=pinned(TINY_UNITS, stage=1, world=3, offload=OFFLOAD, precision=FP16_OVERFLOWING))
+@example(drawn=pinned(TINY_UNITS, stage=3, world=2, grad_accum=2, offload=OFFLOAD))
 def test_deterministic_replay_is_bitwise_oracle(mpi_pools, drawn):
     result = run(mpi_pools, drawn)
     check_bitwise(result)

@@ -15,6 +15,7 @@ from zero_ref.optim.loss_scale import LossScaleConfig
 STAGES = (0, 1, 2, 3)
 NONFINITE_POLICIES = ("raise", "skip")  # see zero_ref/optim/nonfinite.py
 PRECISIONS = ("fp32", "fp16", "bf16")  # see zero_ref/engine/precision.py
+OFFLOAD_DEVICES = ("none", "nvme")  # see zero_ref/offload/
 
 
 def _require(ok: bool, name: str, value: object, allowed: str) -> None:
@@ -78,6 +79,11 @@ class ZeroConfig:
                   (the precision's own) or "fp32" (with fp16/bf16: fp32 gradients).
     communication_data_type  dtype gradients are reduced in on the wire: None (the
                   gradients' own), or "fp32", "fp16", "bf16".
+    offload_optimizer  "nvme": the optimizer's float32 state (master weights, m, v)
+                  lives in memory-mapped files under nvme_path and streams through
+                  a pool of buffer_count sub-groups of sub_group_size elements
+                  each step (stages 1-3; docs/offload.md). "none": in RAM.
+    nvme_path     the folder for the swap files (needed with "nvme").
     """
 
     stage: int = 2
@@ -93,6 +99,10 @@ class ZeroConfig:
     loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
     grad_accum_dtype: str | None = None
     communication_data_type: str | None = None
+    offload_optimizer: str = "none"
+    nvme_path: str | None = None
+    sub_group_size: int = 1 << 20
+    buffer_count: int = 4
 
     def __post_init__(self) -> None:
         _require(
@@ -139,6 +149,41 @@ class ZeroConfig:
             isinstance(self.optimizer, AdamWConfig), "optimizer", self.optimizer, "an AdamWConfig"
         )
         self._check_precision()
+        self._check_offload()
+
+    def _check_offload(self) -> None:
+        devices = " or ".join(repr(d) for d in OFFLOAD_DEVICES)
+        _require(
+            self.offload_optimizer in OFFLOAD_DEVICES,
+            "offload_optimizer",
+            self.offload_optimizer,
+            devices,
+        )
+        _require(
+            _positive_int(self.sub_group_size),
+            "sub_group_size",
+            self.sub_group_size,
+            "an integer >= 1",
+        )
+        _require(
+            isinstance(self.buffer_count, int) and self.buffer_count >= 3,
+            "buffer_count",
+            self.buffer_count,
+            "an integer >= 3 (one sub-group read, one computed, one written)",
+        )
+        if self.offload_optimizer == "nvme":
+            _require(
+                self.stage >= 1,
+                "offload_optimizer",
+                self.offload_optimizer,
+                "'none' at stage 0 (offload needs the optimizer state sharded: stage 1-3)",
+            )
+            _require(
+                isinstance(self.nvme_path, str) and bool(self.nvme_path),
+                "nvme_path",
+                self.nvme_path,
+                "a folder for the swap files when offload_optimizer is 'nvme'",
+            )
 
     def _check_precision(self) -> None:
         names = " or ".join(repr(p) for p in PRECISIONS)

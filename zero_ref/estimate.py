@@ -139,16 +139,25 @@ def estimate_rank(
     grad_accum: int = 1,
     checkpoint: bool = False,
     sizes: ElementBytes = FP32,
+    offload_pool: tuple[int, int] | None = None,
 ) -> RankEstimate:
     """One rank's peak for a run of `model` at `stage` on `world` ranks (`sizes`: the
-    bytes per element of each kind of array, fp32 by default)."""
+    bytes per element of each kind of array, fp32 by default). With offload_pool =
+    (sub_group_size, buffer_count) the optimizer state is on disk, and RAM holds the
+    pool of buffer_count x 3 sub-groups instead."""
     layout = model_layout(model, world)
+    states = state_bytes(layout, stage, bucket_numel, grad_accum, sizes)
+    if offload_pool is not None and stage >= 1:
+        sub_group, count = offload_pool
+        widest = layout.shard_numel if stage == 3 else max(u.shard_numel for u in layout.units)
+        states["optimizer"] = 0
+        states["buffers"] += 4 * count * 3 * max(1, min(sub_group, widest))
     return RankEstimate(
         stage=stage,
         world=world,
         numel=layout.numel,
         padded_numel=layout.full_numel,
-        **state_bytes(layout, stage, bucket_numel, grad_accum, sizes),
+        **states,
         activations=activation_bytes(model, micro_batch, checkpoint),
         overhead=OVERHEAD_BYTES,
     )
@@ -168,6 +177,9 @@ def estimate_for(
         zero.grad_accum,
         checkpoint=zero.checkpoint_activations,
         sizes=element_bytes(zero.precision, zero.grad_dtype, zero.comm_dtype),
+        offload_pool=(zero.sub_group_size, zero.buffer_count)
+        if zero.offload_optimizer == "nvme"
+        else None,
     )
 
 

@@ -75,6 +75,7 @@ def train(parsed: Parsed, mpi_comm) -> None:
     )
     for note in parsed.notes:
         progress.always(note)
+    report_stale_swap(engine, progress)
     check = OracleCheck(engine, zero, task.model) if run.check_oracle else None
     log = open_log(run, comm.rank == 0, progress, first if checkpoint else None)
     if checkpoint:
@@ -120,6 +121,17 @@ def train(parsed: Parsed, mpi_comm) -> None:
     if run.save_dir and last > first and saver.last_saved != last:
         saver.save(last)  # always at the end (not when nothing was trained)
     finish(parsed, engine, task, log, phases, skipped)
+    engine.close()  # swap files are scratch: removed at a clean end
+
+
+def report_stale_swap(engine, progress: Progress) -> None:
+    """Swap folders a killed run left under --nvme-path, removed at this start (all
+    ranks' counts, said once)."""
+    stale = [str(p) for p in engine.nvme.stale] if engine.nvme is not None else []
+    everyone = engine.comm.mpi.gather(stale, root=0)
+    if engine.rank == 0 and any(everyone):
+        found = [p for rank in everyone for p in rank]
+        progress.always(f"removed {len(found)} swap folder(s) a killed run left: {found[0]} ...")
 
 
 def refuse_if_it_cannot_fit(parsed: Parsed, task: Task, comm) -> None:

@@ -192,6 +192,10 @@ def _zero_config(s: dict) -> ZeroConfig:
             ),
             grad_accum_dtype=_accum_dtype(s),
             communication_data_type=s["communication_data_type"],
+            offload_optimizer=s["offload_optimizer"],
+            nvme_path=s["nvme_path"],
+            sub_group_size=s["sub_group_size"],
+            buffer_count=s["buffer_count"],
         )
     except ValueError as e:
         raise UsageError(f"bad value: {e}") from e

@@ -33,6 +33,10 @@ DEFAULTS = {
     "hysteresis": 2,
     "consecutive_hysteresis": False,
     "min_loss_scale": 1.0,
+    "offload_optimizer": "none",
+    "nvme_path": None,
+    "sub_group_size": 1 << 20,
+    "buffer_count": 4,
     "lr": 3e-3,
     "weight_decay": 0.01,
     "betas": (0.9, 0.999),
@@ -107,6 +111,7 @@ def build_parser(rank: int = 0) -> argparse.ArgumentParser:
     )
     _engine_flags(p.add_argument_group("ZeRO engine"))
     _precision_flags(p.add_argument_group("mixed precision (docs/precision.md)"))
+    _offload_flags(p.add_argument_group("offload (docs/offload.md)"))
     _optimizer_flags(p.add_argument_group("optimizer (AdamW) and schedule"))
     _run_flags(p.add_argument_group("run"))
     _file_flags(p.add_argument_group("files"))
@@ -213,6 +218,27 @@ def _precision_flags(g) -> None:
         "--min-loss-scale",
         type=float,
         help="fp16: the scale never halves below this" + _d("min_loss_scale"),
+    )
+
+
+def _offload_flags(g) -> None:
+    g.add_argument(
+        "--offload-optimizer",
+        choices=["none", "nvme"],
+        help="nvme: the optimizer's fp32 state (master, m, v) in swap files under "
+        "--nvme-path, streamed through a buffer pool each step (stages 1-3)"
+        + _d("offload_optimizer"),
+    )
+    g.add_argument("--nvme-path", help="folder for the swap files (with --offload-optimizer nvme)")
+    g.add_argument(
+        "--sub-group-size",
+        type=int,
+        help="elements per offloaded optimizer sub-group" + _d("sub_group_size"),
+    )
+    g.add_argument(
+        "--buffer-count",
+        type=int,
+        help="sub-groups in RAM at once (read, compute, write; at least 3)" + _d("buffer_count"),
     )
 
 

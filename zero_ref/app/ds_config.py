@@ -74,13 +74,12 @@ OPTIMIZER_PARAMS = {
 ZERO_IMPLEMENTED = {
     "stage": ("stage", lambda k, v: _stage(k, v)),
     "reduce_bucket_size": ("bucket_numel", _int),
+    "sub_group_size": ("sub_group_size", lambda k, v: _int(k, _whole(k, v))),
 }
 ZERO_NOT_YET = (
     "allgather_bucket_size",
     "overlap_comm",
-    "offload_optimizer",
     "offload_param",
-    "sub_group_size",
     "stage3_prefetch_bucket_size",
     "stage3_max_live_parameters",
 )
@@ -225,6 +224,8 @@ def _zero(section: dict, out: ParsedConfig) -> None:
         if key in ZERO_IMPLEMENTED:
             dest, check = ZERO_IMPLEMENTED[key]
             out.settings[dest] = check(name, value)
+        elif key == "offload_optimizer":
+            _offload_optimizer(_section(name, value), out)
         elif key in ZERO_ALWAYS_ON:
             if _bool(name, value) is False:
                 out.not_implemented.append(f"{name} = false (zero_ref always does this)")
@@ -235,6 +236,48 @@ def _zero(section: dict, out: ParsedConfig) -> None:
             out.no_effect.append(name)
         else:
             out.unknown.append(name)
+
+
+OFFLOAD_NO_EFFECT = (
+    "pin_memory",  # no GPU: nothing to pin
+    "pipeline_read",  # reads are always pipelined
+    "pipeline_write",  # writes are always pipelined
+    "fast_init",
+    "ratio",
+)
+
+
+def _offload_optimizer(section: dict, out: ParsedConfig) -> None:
+    """DeepSpeed's offload_optimizer block: device nvme (here: swap files under
+    nvme_path); device cpu is the GPU path's; buffer_count is the pool's size."""
+    for key, value in section.items():
+        name = f"zero_optimization.offload_optimizer.{key}"
+        if key == "device":
+            if value not in ("none", "nvme", "cpu"):
+                raise ConfigError(f"config {name} = {value!r}: allowed 'none', 'nvme', 'cpu'")
+            if value == "cpu":
+                out.not_implemented.append(f"{name} = cpu (the GPU path's; on CPU use nvme)")
+            else:
+                out.settings["offload_optimizer"] = value
+        elif key == "nvme_path":
+            if not isinstance(value, str) or not value:
+                raise ConfigError(f"config {name} = {value!r}: must be a folder path")
+            out.settings["nvme_path"] = value
+        elif key == "buffer_count":
+            out.settings["buffer_count"] = _int(name, value, 3)
+        elif key == "buffer_size":
+            out.not_implemented.append(f"{name} (the pool holds sub_group_size elements each)")
+        elif key in OFFLOAD_NO_EFFECT:
+            out.no_effect.append(name)
+        else:
+            out.unknown.append(name)
+
+
+def _whole(key: str, v: Any) -> Any:
+    """DeepSpeed writes sizes as 1e9: a float with an integer value is that integer."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
 
 
 def _enabled(value: Any) -> bool:

@@ -13,6 +13,7 @@ def rank_report(engine, phases: PhasePeaks | None = None) -> dict:
     return {
         "rank": engine.rank,
         "memory_bytes": engine.memory.bytes_by_category(),
+        "disk_bytes": engine.memory.disk_bytes_by_category(),
         "peak_bytes": engine.memory.peak_bytes,
         "peak_by_category": dict(engine.memory.peak_by_category),
         "rss_baseline_bytes": phases.baseline if phases else None,
@@ -69,6 +70,9 @@ def memory_table(
         lines.append(f"{r['rank']:>4}{cells} {_mib(sum(held.values()))} {_mib(r['peak_bytes'])}")
     cells = "".join(f" {_mib(formula[c])}" if c in formula else f"{'-':>10}" for c in CATEGORIES)
     lines.append(f"{precision:>4}{cells} {_mib(sum(formula.values()))}   <- formula for this stage")
+    disk = max((sum(r.get("disk_bytes", {}).values()) for r in reports), default=0)
+    if disk:
+        lines.append(f"on disk (swap files, not in RAM): {_mib(disk).strip()} MiB per rank")
     paper = paper_formula_bytes(stage, numel, world)
     lines.append(f"paper, mixed precision K=12: {_mib(paper).strip()} MiB of model states per rank")
     return "\n".join(lines)

@@ -97,6 +97,7 @@ def write_rank_file(engine, path: Path) -> dict[str, Any]:
     with SafetensorsWriter(path, [(kind, (shard,)) for kind in STATE_KINDS]) as writer:
         for kind in STATE_KINDS:
             _write_state(engine, writer, kind)
+    engine.release_offloaded()  # offloaded state was read through its mappings
     return {
         "rank": engine.rank,
         "file": path.name,

@@ -40,6 +40,7 @@ class MemoryLedger:
     )
     peak_bytes: int = 0
     peak_by_category: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
+    on_disk: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # swap files
 
     def hold(self, category: str, name: str, array: np.ndarray) -> np.ndarray:
         if category not in self.held:
@@ -47,6 +48,16 @@ class MemoryLedger:
         self.held[category][name] = array
         self._update_peak()
         return array
+
+    def hold_on_disk(self, category: str, name: str, array: np.ndarray) -> np.ndarray:
+        """An array that lives in a swap file (offload): counted apart from RAM."""
+        if category not in self.held:
+            raise ValueError(f"memory category {category!r} is not one of {CATEGORIES}")
+        self.on_disk.setdefault(category, {})[name] = array
+        return array
+
+    def disk_bytes_by_category(self) -> dict[str, int]:
+        return {c: sum(int(a.nbytes) for a in self.on_disk.get(c, {}).values()) for c in CATEGORIES}
 
     def drop(self, category: str, name: str) -> None:
         del self.held[category][name]

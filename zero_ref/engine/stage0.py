@@ -36,6 +36,8 @@ from zero_ref.engine.precision import Precision
 from zero_ref.layout.buckets import bucket_columns
 from zero_ref.layout.flat import FlatLayout, UnitLayout, model_layout, rank_rows, tensor_views
 from zero_ref.models.unit import Model
+from zero_ref.offload.nvme import NvmeStore, swap_bytes
+from zero_ref.offload.pipeline import OffloadedUpdate
 from zero_ref.optim.adamw import adamw_kernel, adamw_scalars, with_lr
 from zero_ref.optim.gradnorm import clip_coefficient, global_grad_norm
 from zero_ref.optim.loss_scale import LossScaleState, initial_state, next_state
@@ -109,9 +111,13 @@ class Stage0DataParallel:
             self.scaler = initial_state(cfg.loss_scale)
         self.step_count = 0
         _check_comm_matches(comm, cfg)
+        self.nvme = self._nvme_store()  # offloaded optimizer state, or None
+        self.offloaded: OffloadedUpdate | None = None
         self._init_params(as_init_source(init_params, model))
         self._init_grads()
         self._init_optimizer()
+        if self.nvme is not None:
+            self._init_offloaded_update()
 
     # ---- where model state lives (stage 0: everything full)
     def _init_params(self, source: InitSource) -> None:
@@ -121,7 +127,7 @@ class Stage0DataParallel:
         self.full_params = self.place.zeros("params", "full_params", n, p.param)
         self.master = self.full_params  # float32 parameters are their own master
         if p.mixed:
-            self.master = self.place.zeros("optimizer", "master_params", self._optimizer_numel())
+            self.master = self._optimizer_array("master_params")
         self._init_compute_scratch()
         self._fill_params(source)
 
@@ -162,9 +168,45 @@ class Stage0DataParallel:
 
     def _init_optimizer(self) -> None:
         """AdamW's m and v (float32), for what this rank updates."""
-        n = self._optimizer_numel()
-        self.exp_avg = self.place.zeros("optimizer", "exp_avg", n)
-        self.exp_avg_sq = self.place.zeros("optimizer", "exp_avg_sq", n)
+        self.exp_avg = self._optimizer_array("exp_avg")
+        self.exp_avg_sq = self._optimizer_array("exp_avg_sq")
+
+    # ---- optimizer offload (ZeRO-Infinity's NVMe tier: zero_ref/offload/)
+    def _optimizer_array(self, name: str) -> np.ndarray:
+        """A float32 optimizer array of this rank's size: in RAM, or in a swap file."""
+        if self.nvme is None:
+            return self.place.zeros("optimizer", name, self._optimizer_numel())
+        return self.nvme.zeros("optimizer", name, self._optimizer_numel())
+
+    def _nvme_store(self) -> NvmeStore | None:
+        if self.cfg.offload_optimizer != "nvme":
+            return None
+        arrays = 3 if self.precision.mixed else 2  # (master,) m, v
+        nbytes = swap_bytes(self._optimizer_numel(), arrays)
+        return NvmeStore(self.cfg.nvme_path, self.rank, self.memory, nbytes)
+
+    def _init_offloaded_update(self) -> None:
+        """The buffer pool (in the ledger's buffers) and the I/O threads; every swap
+        page the initial fill touched is dropped from RAM."""
+        widest = max((o[1].size for o in self.owned_slices()), default=0)
+        sub_group = max(1, min(self.cfg.sub_group_size, widest))
+        count = self.cfg.buffer_count
+        pool = self.place.zeros("buffers", "offload_pool", count * 3 * sub_group)
+        self.offloaded = OffloadedUpdate(self.nvme, pool.reshape(count, 3, sub_group), count)
+        self.nvme.release_all()
+
+    def release_offloaded(self) -> None:
+        """After bulk access to swap-file state through its mappings (a checkpoint, a
+        stream to rank 0, a load): drop those pages from RAM. Nothing in RAM runs."""
+        if self.nvme is not None:
+            self.nvme.release_all()
+
+    def close(self) -> None:
+        """Stop the I/O threads and remove the swap files (a clean end of the run)."""
+        if self.offloaded is not None:
+            self.offloaded.close()
+        if self.nvme is not None:
+            self.nvme.close()
 
     def _optimizer_numel(self) -> int:
         return self.layout.full_numel
@@ -320,15 +362,25 @@ class Stage0DataParallel:
         self.step_count += 1
         coef = clip_coefficient(norm, self.cfg.clip)
         s = adamw_scalars(with_lr(self.cfg.optimizer, lr), self.step_count)
-        for param, grad, master, exp_avg, exp_avg_sq in owned:
-            for lo in range(0, grad.size, OPTIMIZER_CHUNK):
-                hi = lo + OPTIMIZER_CHUNK
-                g = next(unscaled_chunks(grad[lo:hi], divisor))
-                if coef != 1:
-                    g *= coef
-                adamw_kernel(master[lo:hi], g, exp_avg[lo:hi], exp_avg_sq[lo:hi], s)
-                if master is not param:
-                    round_into(param[lo:hi], master[lo:hi])  # the 16-bit copy of the update
+
+        def update(param, grad, master, exp_avg, exp_avg_sq) -> None:
+            """One piece: unscale, clip, AdamW on the master, round into the params."""
+            g = next(unscaled_chunks(grad, divisor))
+            if coef != 1:
+                g *= coef
+            adamw_kernel(master, g, exp_avg, exp_avg_sq, s)
+            if param.dtype != master.dtype:
+                round_into(param, master)  # the 16-bit copy of the update
+
+        if self.offloaded is not None:  # the state streams from swap files (docs/offload.md)
+            self.offloaded.run(owned, update)
+        else:
+            for param, grad, master, exp_avg, exp_avg_sq in owned:
+                for lo in range(0, grad.size, OPTIMIZER_CHUNK):
+                    hi = lo + OPTIMIZER_CHUNK
+                    update(
+                        param[lo:hi], grad[lo:hi], master[lo:hi], exp_avg[lo:hi], exp_avg_sq[lo:hi]
+                    )
         self.after_update()
         return norm
 
@@ -383,6 +435,7 @@ class Stage0DataParallel:
                     sink(kind, unit, flat)
         if self.memory.holds("buffers", "landing"):
             self.memory.drop("buffers", "landing")
+        self.release_offloaded()
 
     def owned_state(self, kind: str, unit: UnitLayout) -> np.ndarray:
         """This rank's slice of `unit` in state buffer `kind` ("param", "exp_avg",
@@ -400,14 +453,15 @@ class Stage0DataParallel:
         the master weights and, rounded, the 16-bit parameters, as at creation."""
         if kind == "param":
             self._fill_params(source)
-            return
-        whole, shard = self._state_buffers(kind)
-        for unit in self.layout.units:
-            if whole is not None:
-                source.fill_unit(unit, whole[unit.full_slice()], 0, unit.padded_numel)
-            else:
-                lo = self.rank * unit.shard_numel
-                source.fill_unit(unit, shard[unit.shard_slice()], lo, lo + unit.shard_numel)
+        else:
+            whole, shard = self._state_buffers(kind)
+            for unit in self.layout.units:
+                if whole is not None:
+                    source.fill_unit(unit, whole[unit.full_slice()], 0, unit.padded_numel)
+                else:
+                    lo = self.rank * unit.shard_numel
+                    source.fill_unit(unit, shard[unit.shard_slice()], lo, lo + unit.shard_numel)
+        self.release_offloaded()
 
     def _landing_buffer(self) -> np.ndarray:
         """Where rank 0 receives a sharded unit: a buffer of the widest unit, held while

@@ -111,7 +111,9 @@ class Stage1OptimizerSharded(Stage0DataParallel):
         if self.master is self.full_params:
             return super().full_parameters()
         self.comm.set_context(where="consolidate")
-        return unpack_full(self.gather_shard(self.master), self.layout)
+        full = unpack_full(self.gather_shard(self.master), self.layout)
+        self.release_offloaded()  # the master weights were read through their mapping
+        return full
 
     def gather_shard(self, shard: np.ndarray) -> np.ndarray:
         """The padded full buffer built from every rank's shard-layout buffer, unit by

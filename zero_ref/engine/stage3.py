@@ -31,7 +31,7 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
         self.shard_params = self.place.zeros("params", "shard_params", n, p.param)
         self.master = self.shard_params  # float32 parameters are their own master
         if p.mixed:
-            self.master = self.place.zeros("optimizer", "master_params", n)
+            self.master = self._optimizer_array("master_params")
         self._fill_params(source)
         widest = self.layout.widest_unit_numel
         self.gathered = self.place.empty("buffers", "gathered_unit", widest, p.param)
@@ -94,4 +94,6 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
 
     def full_parameters(self) -> dict[str, np.ndarray]:
         self.comm.set_context(where="consolidate")
-        return unpack_full(self.gather_shard(self.master), self.layout)
+        full = unpack_full(self.gather_shard(self.master), self.layout)
+        self.release_offloaded()  # the master weights were read through their mapping
+        return full

@@ -1,0 +1,134 @@
+"""Optimizer offload to swap files (zero_ref/offload/): the same results as in RAM,
+RAM bounded by the buffer pool, and every failure one message naming the file."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from zero_ref.comm.collectives import comm_for
+from zero_ref.config import ZeroConfig
+from zero_ref.engine import make_engine
+from zero_ref.models.unit import init_params
+from zero_ref.offload.nvme import NvmeStore, check_space
+from zero_ref.offload.swap_file import OffloadIOError, SwapFile
+from zero_ref.testing.replay import ReplayModel
+
+UNITS = [("u0", [("w", (30, 50)), ("s", ())]), ("u1", [("b", (70,)), ("c", (0,))])]
+
+
+def run(tmp_path: Path, steps: int = 3, units=UNITS, **cfg) -> tuple[np.ndarray, object]:
+    """Parameters after `steps` deterministic steps on one rank, and the engine."""
+    model = ReplayModel(units)
+    config = ZeroConfig(deterministic=True, nvme_path=str(tmp_path), **cfg)
+    engine = make_engine(model, init_params(model, 0), config, comm_for(MPI.COMM_SELF, config))
+    k = config.grad_accum
+    for step in range(steps):
+        engine.train_step(model.contexts(1, step, k, 1)[:, 0], np.zeros((k, 1)))
+    flat = np.concatenate([v.ravel() for v in engine.full_parameters().values()])
+    return flat, engine
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+def test_offloaded_run_is_bitwise_the_in_ram_run(tmp_path, stage, precision):
+    common = dict(stage=stage, precision=precision, grad_accum=2, clip=0.5)
+    in_ram, a = run(tmp_path, **common)
+    offloaded, b = run(
+        tmp_path, offload_optimizer="nvme", sub_group_size=64, buffer_count=3, **common
+    )
+    assert np.array_equal(in_ram.view(np.uint8), offloaded.view(np.uint8))
+    assert b.memory.bytes_by_category()["optimizer"] == 0
+    assert (
+        b.memory.disk_bytes_by_category()["optimizer"] == a.memory.bytes_by_category()["optimizer"]
+    )
+    folder = b.nvme.folder
+    a.close()
+    b.close()
+    assert not folder.exists(), "swap files are scratch: removed at close"
+
+
+def rss_file_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssFile:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no RssFile in /proc/self/status")
+
+
+def test_ram_stays_bounded_while_the_state_is_many_times_the_pool(tmp_path):
+    """1.5M parameters in bf16: 18 MB of master, m and v on disk; the pool is 3 sets of
+    3 x 4096 elements (147 kB). After steps, the swap pages are not resident."""
+    big = [(f"u{i}", [("w", (500, 1000))]) for i in range(3)]
+    before = rss_file_bytes()
+    _, engine = run(
+        tmp_path,
+        units=big,
+        stage=3,
+        precision="bf16",
+        offload_optimizer="nvme",
+        sub_group_size=4096,
+        buffer_count=3,
+    )
+    on_disk = engine.memory.disk_bytes_by_category()["optimizer"]
+    pool = engine.memory.held["buffers"]["offload_pool"].nbytes
+    assert on_disk == 12 * 1_500_000 and on_disk > 100 * pool
+    grown = rss_file_bytes() - before
+    assert grown < on_disk / 10, f"file-backed RSS grew {grown:,} bytes; state {on_disk:,}"
+    engine.close()
+
+
+def test_space_and_folder_are_checked_before_anything_is_created(tmp_path, monkeypatch):
+    with pytest.raises(OffloadIOError, match="no such folder"):
+        check_space(str(tmp_path / "missing"), 10)
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=1000))
+    with pytest.raises(OffloadIOError, match="1,000 bytes free, the swap files need 4,000"):
+        check_space(str(tmp_path), 4000)
+
+
+def test_an_io_error_names_the_file_and_the_operation(tmp_path, monkeypatch):
+    _, engine = run(tmp_path, steps=1, stage=2, offload_optimizer="nvme", sub_group_size=16)
+
+    def failing(*args):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "preadv", failing)
+    model = engine.model
+    with pytest.raises(OffloadIOError, match=r"swap file .*exp_avg\.f32: read of \d+ bytes"):
+        engine.train_step(model.contexts(1, 1, 1, 1)[:, 0], np.zeros((1, 1)))
+    engine.close()
+
+
+def test_a_killed_runs_swap_folder_is_found_and_removed(tmp_path):
+    stale = tmp_path / "zero_ref_swap_r0_p999999999"
+    stale.mkdir()
+    (stale / "exp_avg.f32").write_bytes(b"\0" * 64)
+    alive = tmp_path / f"zero_ref_swap_r0_p{os.getppid()}"  # a running process's: kept
+    alive.mkdir()
+    store = NvmeStore(str(tmp_path), 0, engine_ledger(), 0)
+    assert store.stale == [stale] and not stale.exists() and alive.exists()
+    store.close()
+
+
+def engine_ledger():
+    from zero_ref.engine.memory import MemoryLedger
+
+    return MemoryLedger()
+
+
+def test_swap_file_ranges_round_trip(tmp_path):
+    swap = SwapFile(tmp_path / "x.f32", 10)
+    swap.write_from(3, np.arange(4, dtype=np.float32))
+    out = np.empty(5, np.float32)
+    swap.read_into(2, out)
+    assert out.tolist() == [0, 0, 1, 2, 3]
+    assert swap.array[3:7].tolist() == [0, 1, 2, 3]  # the mapping sees the same bytes
+    assert swap.offset_of(swap.array[4:6]) == 4
+    swap.release()
+    swap.close()
+    assert not (tmp_path / "x.f32").exists()

@@ -1,0 +1,110 @@
+"""The offloaded optimizer step: sub-groups of the shard stream disk -> RAM -> disk
+through a fixed pool of buffers, the kernel never waiting for the disk when the
+disk is the faster of the two (ZeRO-Infinity, Sec. 6.2: overlap-centric design).
+
+The shard's (master, m, v) are cut into sub-groups of sub_group_size elements.
+Sub-group i uses buffer set i mod B (B = buffer_count). While the main thread
+runs the AdamW kernel (Numba, nogil) on sub-group i, two I/O threads read
+sub-group i + 1 .. i + B - 2 ahead and write sub-group i - 1 back; a buffer set
+is read into only after its last sub-group was written. The kernel, the
+values and their order are the in-RAM step's, so results are bitwise the same;
+only where the bytes wait changes. RAM used is the pool, B x 3 x sub_group_size
+x 4 bytes, whatever the model's size: each written range is also dropped from
+the page cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from zero_ref.offload.nvme import NvmeStore
+from zero_ref.offload.swap_file import SwapFile
+
+Owned = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+ChunkUpdate = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]
+
+
+@dataclass(frozen=True)
+class SubGroup:
+    """Elements [lo, hi) of owned slice `index`."""
+
+    index: int
+    lo: int
+    hi: int
+
+
+def plan_sub_groups(sizes: Sequence[int], sub_group_size: int) -> list[SubGroup]:
+    """Each owned slice cut into sub-groups of at most sub_group_size elements."""
+    return [
+        SubGroup(i, lo, min(n, lo + sub_group_size))
+        for i, n in enumerate(sizes)
+        for lo in range(0, n, sub_group_size)
+    ]
+
+
+class OffloadedUpdate:
+    """Runs one optimizer step's update over swap-file state through the buffer pool."""
+
+    def __init__(self, store: NvmeStore, pool: np.ndarray, buffer_count: int) -> None:
+        """pool: (buffer_count, 3, sub_group_size) float32, held in the ledger's buffers."""
+        self.store, self.pool, self.count = store, pool, buffer_count
+        self.io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="zero_ref-swap")
+
+    def run(self, owned: Sequence[Owned], update: ChunkUpdate) -> None:
+        """update(param, grad, master, m, v) on every sub-group, master/m/v in RAM."""
+        groups = plan_sub_groups([o[1].size for o in owned], self.pool.shape[2])
+        swapped = [self._swapped(o) for o in owned]
+        reads: dict[int, Future] = {}
+        writes: dict[int, Future] = {}
+        for i in range(min(self.count - 1, len(groups))):
+            reads[i] = self.io.submit(self._read, groups[i], swapped, i % self.count)
+        for i, group in enumerate(groups):
+            reads.pop(i).result()  # re-raises an I/O error here, on the main thread
+            self._compute(group, owned, swapped, i % self.count, update)
+            writes[i] = self.io.submit(self._write, group, swapped, i % self.count)
+            ahead = i + self.count - 1
+            if ahead < len(groups):
+                if i >= 1:
+                    writes.pop(i - 1).result()  # buffer set of `ahead` is free again
+                reads[ahead] = self.io.submit(
+                    self._read, groups[ahead], swapped, ahead % self.count
+                )
+        for future in writes.values():
+            future.result()
+
+    def _swapped(self, o: Owned) -> list[tuple[SwapFile, int] | None]:
+        """For master, m, v of one owned slice: (swap file, offset), or None if in RAM."""
+        return [self.store.locate(a) for a in o[2:]]
+
+    def _buffers(self, group: SubGroup, k: int) -> np.ndarray:
+        return self.pool[k, :, : group.hi - group.lo]
+
+    def _read(self, group: SubGroup, swapped, k: int) -> None:
+        for j, where in enumerate(swapped[group.index]):
+            if where is not None:
+                swap, offset = where
+                swap.read_into(offset + group.lo, self._buffers(group, k)[j])
+
+    def _write(self, group: SubGroup, swapped, k: int) -> None:
+        for j, where in enumerate(swapped[group.index]):
+            if where is not None:
+                swap, offset = where
+                swap.write_from(offset + group.lo, self._buffers(group, k)[j])
+                swap.release(offset + group.lo, group.hi - group.lo)
+
+    def _compute(self, group: SubGroup, owned, swapped, k: int, update: ChunkUpdate) -> None:
+        param, grad, master, m, v = owned[group.index]
+        lo, hi = group.lo, group.hi
+        buffers = self._buffers(group, k)
+        state = [
+            a[lo:hi] if where is None else buffers[j]
+            for j, (a, where) in enumerate(zip((master, m, v), swapped[group.index], strict=True))
+        ]
+        update(param[lo:hi], grad[lo:hi], *state)
+
+    def close(self) -> None:
+        self.io.shutdown(wait=True)

@@ -1,0 +1,107 @@
+"""One model-sized float32 array on disk: a memory-mapped swap file (ZeRO-Infinity's
+NVMe tier, Rajbhandari et al., 2021, Sec. 5).
+
+The array is visible two ways. As a NumPy array over the file's memory mapping
+(`array`), so every part of the engine that reads or writes state (initial
+values, checkpoints, streaming to rank 0) works on it unchanged. And by ranges
+through `read_into` / `write_from` (pread/pwrite into in-RAM buffers: the GIL
+is released, so I/O threads overlap the optimizer's kernel), which the
+offloaded optimizer step uses.
+
+Neither way may let memory grow with the model: `release()` drops the pages a
+range left behind, from this process (madvise) and from the page cache
+(written back first, then posix_fadvise DONTNEED). Every OS error becomes an
+OffloadIOError naming the file and the operation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+from pathlib import Path
+
+import numpy as np
+
+from zero_ref.errors import CollectiveError
+
+F32 = np.dtype(np.float32)
+
+
+class OffloadIOError(CollectiveError):
+    """A swap file could not be created, read or written (the file and the operation)."""
+
+
+class SwapFile:
+    """numel float32 elements in a file of their own, zero-filled at creation."""
+
+    def __init__(self, path: Path, numel: int) -> None:
+        self.path, self.numel = Path(path), numel
+        self.nbytes = numel * F32.itemsize
+        self.bytes_read = self.bytes_written = 0  # by read_into / write_from, for reports
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            os.ftruncate(self.fd, self.nbytes)  # a sparse file: zeros, no blocks yet
+        except OSError as e:
+            raise OffloadIOError(f"cannot create swap file {self.path}: {e}") from e
+        self._map = mmap.mmap(self.fd, self.nbytes) if self.nbytes else None
+        self.array = np.frombuffer(self._map, F32) if self._map is not None else np.zeros(0, F32)
+
+    def offset_of(self, view: np.ndarray) -> int:
+        """The element offset in this file of a view of `array`."""
+        base = self.array.__array_interface__["data"][0]
+        offset, rest = divmod(view.__array_interface__["data"][0] - base, F32.itemsize)
+        if rest or not 0 <= offset <= self.numel - view.size:
+            raise ValueError(f"the view is not inside {self.path}'s array")
+        return offset
+
+    def read_into(self, offset: int, out: np.ndarray) -> None:
+        """out <- elements [offset, offset + out.size) of the file (pread)."""
+        self._io("read", offset, out, os.preadv)
+        self.bytes_read += out.nbytes
+
+    def write_from(self, offset: int, data: np.ndarray) -> None:
+        """Elements [offset, offset + data.size) of the file <- data (pwrite)."""
+        self._io("write", offset, data, os.pwritev)
+        self.bytes_written += data.nbytes
+
+    def _io(self, op: str, offset: int, buf: np.ndarray, call) -> None:
+        want, done = buf.nbytes, 0
+        view = memoryview(buf).cast("B")
+        try:
+            while done < want:
+                n = call(self.fd, [view[done:]], offset * F32.itemsize + done)
+                if n == 0:
+                    raise OSError(f"{op} returned 0 bytes at byte {offset * 4 + done}")
+                done += n
+        except OSError as e:
+            raise OffloadIOError(
+                f"swap file {self.path}: {op} of {want} bytes at element {offset} failed: {e}"
+            ) from e
+
+    def release(self, offset: int = 0, numel: int | None = None) -> None:
+        """Drop the pages of elements [offset, offset + numel) from this process and from
+        the page cache, after writing back what is dirty: RAM stays bounded."""
+        numel = self.numel - offset if numel is None else numel
+        if numel <= 0 or self._map is None:
+            return
+        lo, hi = offset * F32.itemsize, (offset + numel) * F32.itemsize
+        page = mmap.PAGESIZE
+        start = lo - lo % page
+        try:
+            self._map.madvise(mmap.MADV_DONTNEED, start, min(hi, self.nbytes) - start)
+            os.fdatasync(self.fd)
+            os.posix_fadvise(self.fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
+        except OSError as e:
+            raise OffloadIOError(f"swap file {self.path}: releasing pages failed: {e}") from e
+
+    def close(self, remove: bool = True) -> None:
+        """Unmap, close and (by default) delete the file: it is scratch, not a checkpoint."""
+        self.array = np.zeros(0, F32)
+        if self._map is not None:
+            with contextlib.suppress(BufferError):  # views alive: it goes with the process
+                self._map.close()
+            self._map = None
+        os.close(self.fd)
+        if remove:
+            self.path.unlink(missing_ok=True)
