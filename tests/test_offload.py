@@ -53,6 +53,17 @@ def test_offloaded_run_is_bitwise_the_in_ram_run(tmp_path, stage, precision):
     assert not folder.exists(), "swap files are scratch: removed at close"
 
 
+def test_sub_groups_larger_than_the_in_ram_chunk_are_bitwise_too(tmp_path):
+    """A sub-group wider than the in-RAM step's chunk (2^18): the whole piece is updated."""
+    wide = [("u0", [("w", (700, 1000))])]
+    common = dict(units=wide, stage=3, precision="bf16", steps=2)
+    in_ram, a = run(tmp_path, **common)
+    offloaded, b = run(tmp_path, offload_optimizer="nvme", sub_group_size=1 << 19, **common)
+    assert np.array_equal(in_ram.view(np.uint8), offloaded.view(np.uint8))
+    a.close()
+    b.close()
+
+
 def rss_file_bytes() -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("RssFile:"):

@@ -365,7 +365,7 @@ class Stage0DataParallel:
 
         def update(param, grad, master, exp_avg, exp_avg_sq) -> None:
             """One piece: unscale, clip, AdamW on the master, round into the params."""
-            g = next(unscaled_chunks(grad, divisor))
+            g = np.divide(grad, divisor, dtype=np.float32)  # a piece: RAM chunk or sub-group
             if coef != 1:
                 g *= coef
             adamw_kernel(master, g, exp_avg, exp_avg_sq, s)
