@@ -21,6 +21,7 @@ from tests.test_parity import (
     SETTINGS,
     TINY_UNITS,
     check_bitwise,
+    offload_allowed,
     options,
     pinned,
     replay_model,
@@ -39,6 +40,7 @@ def save_then_resume(mpi_pools, drawn: dict, second: dict) -> tuple[dict, dict]:
     first = run(mpi_pools, {**drawn, "save_to": folder})
     history = [{"world": drawn["world"], "lrs": drawn["lrs"][:k]}]
     resumed = {**drawn, **second, "resume_from": folder, "history": history}
+    resumed = offload_allowed(resumed)  # the second run's stage may not allow the first's
     resumed["lrs"] = list(reversed(drawn["lrs"]))  # other learning rates after the resume
     return first, run(mpi_pools, resumed)
 

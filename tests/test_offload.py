@@ -64,6 +64,26 @@ def test_sub_groups_larger_than_the_in_ram_chunk_are_bitwise_too(tmp_path):
     b.close()
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("optimizer", ["none", "nvme"])
+def test_stage3_parameter_offload_is_bitwise_the_in_ram_run(tmp_path, precision, optimizer):
+    common = dict(stage=3, precision=precision, grad_accum=2, clip=0.5)
+    in_ram, a = run(tmp_path, **common)
+    offloaded, b = run(
+        tmp_path, offload_param="nvme", offload_optimizer=optimizer, sub_group_size=64, **common
+    )
+    assert np.array_equal(in_ram.view(np.uint8), offloaded.view(np.uint8))
+    assert b.memory.bytes_by_category()["params"] == 0
+    assert b.memory.disk_bytes_by_category()["params"] == a.memory.bytes_by_category()["params"]
+    a.close()
+    b.close()
+
+
+def test_parameter_offload_needs_stage_3(tmp_path):
+    with pytest.raises(ValueError, match="offload_param='nvme'.*below stage 3"):
+        ZeroConfig(stage=2, offload_param="nvme", nvme_path=str(tmp_path))
+
+
 def rss_file_bytes() -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("RssFile:"):

@@ -89,7 +89,7 @@ def options(model: st.SearchStrategy, deterministic: bool, worlds: list[int]):
             "deterministic": st.just(deterministic),
             "offload": offload_options(mixed=deterministic),
         }
-    ).map(_no_offload_at_stage_0)
+    ).map(offload_allowed)
 
 
 def offload_options(mixed: bool) -> st.SearchStrategy:
@@ -98,13 +98,22 @@ def offload_options(mixed: bool) -> st.SearchStrategy:
     if not mixed:
         return st.none()
     pools = st.fixed_dictionaries(
-        {"sub_group_size": st.sampled_from([1, 7, 64]), "buffer_count": st.sampled_from([3, 4])}
+        {
+            "sub_group_size": st.sampled_from([1, 7, 64]),
+            "buffer_count": st.sampled_from([3, 4]),
+            "offload_param": st.sampled_from(["none", "nvme"]),  # kept at stage 3 only
+        }
     )
     return st.one_of(st.none(), pools)
 
 
-def _no_offload_at_stage_0(drawn: dict) -> dict:
-    return drawn | {"offload": None} if drawn["stage"] == 0 else drawn
+def offload_allowed(drawn: dict) -> dict:
+    """Offload needs a sharded optimizer (stage >= 1); parameter offload stage 3."""
+    if drawn["stage"] == 0:
+        return drawn | {"offload": None}
+    if drawn["stage"] < 3 and drawn.get("offload"):
+        return drawn | {"offload": drawn["offload"] | {"offload_param": "none"}}
+    return drawn
 
 
 replay_model = units.map(lambda u: {"model": "replay", "units": u})
@@ -142,6 +151,7 @@ BF16_FP32_ACCUM = {  # bf16 gradients on the wire, summed into fp32 gradient buf
 
 
 OFFLOAD = {"sub_group_size": 3, "buffer_count": 3}  # swap files, a pool of 3 x 3 elements
+OFFLOAD_ALL = OFFLOAD | {"offload_param": "nvme"}  # stage 3: the parameter shard too
 
 
 def pinned(model: dict, deterministic: bool = True, **changes) -> dict:
@@ -254,16 +264,16 @@ def check_comm_bytes(result: dict, drawn: dict) -> None:
 
 
 def check_memory(result: dict, world: int) -> None:
-    """Every rank holds its stage's formula; offloaded optimizer state is on disk, not
-    in RAM (its bytes the same)."""
+    """Every rank holds its stage's formula; offloaded state is on disk, not in RAM
+    (its bytes the same)."""
     for rank, (held, on_disk) in enumerate(
         zip(result["memory"], result["disk_memory"], strict=True)
     ):
         for category, formula in result["formula"].items():
-            where = held if on_disk["optimizer"] == 0 or category != "optimizer" else on_disk
+            where = on_disk if on_disk[category] else held
             assert where[category] == formula, f"rank {rank} {category}: {where} vs {formula}"
-        if on_disk["optimizer"]:
-            assert held["optimizer"] == 0, f"rank {rank}: offloaded state also in RAM"
+            if on_disk[category]:
+                assert held[category] == 0, f"rank {rank}: offloaded {category} also in RAM"
 
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -282,7 +292,7 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scope
 @example(drawn=pinned(TINY_UNITS, stage=3, world=3, bucket_numel=17, precision=FP16_OVERFLOWING))
 @example(drawn=pinned(TINY_UNITS, stage=0, world=2, grad_accum=2, precision=BF16_FP32_ACCUM))
 @example(drawn=pinned(TINY_UNITS, stage=1, world=3, offload=OFFLOAD, precision=FP16_OVERFLOWING))
-@example(drawn=pinned(TINY_UNITS, stage=3, world=2, grad_accum=2, offload=OFFLOAD))
+@example(drawn=pinned(TINY_UNITS, stage=3, world=2, grad_accum=2, offload=OFFLOAD_ALL))
 def test_deterministic_replay_is_bitwise_oracle(mpi_pools, drawn):
     result = run(mpi_pools, drawn)
     check_bitwise(result)

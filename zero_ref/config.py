@@ -83,6 +83,9 @@ class ZeroConfig:
                   lives in memory-mapped files under nvme_path and streams through
                   a pool of buffer_count sub-groups of sub_group_size elements
                   each step (stages 1-3; docs/offload.md). "none": in RAM.
+    offload_param "nvme": stage 3's parameter shard lives in a swap file; each unit's
+                  slice is read when it is gathered (the neighbours' prefetched) and
+                  dropped from RAM after. "none": in RAM.
     nvme_path     the folder for the swap files (needed with "nvme").
     """
 
@@ -100,6 +103,7 @@ class ZeroConfig:
     grad_accum_dtype: str | None = None
     communication_data_type: str | None = None
     offload_optimizer: str = "none"
+    offload_param: str = "none"
     nvme_path: str | None = None
     sub_group_size: int = 1 << 20
     buffer_count: int = 4
@@ -171,18 +175,29 @@ class ZeroConfig:
             self.buffer_count,
             "an integer >= 3 (one sub-group read, one computed, one written)",
         )
+        _require(
+            self.offload_param in OFFLOAD_DEVICES, "offload_param", self.offload_param, devices
+        )
+        if self.offload_param == "nvme":
+            _require(
+                self.stage == 3,
+                "offload_param",
+                self.offload_param,
+                "'none' below stage 3 (only stage 3 partitions the parameters)",
+            )
+        if "nvme" in (self.offload_optimizer, self.offload_param):
+            _require(
+                isinstance(self.nvme_path, str) and bool(self.nvme_path),
+                "nvme_path",
+                self.nvme_path,
+                "a folder for the swap files when anything is offloaded to 'nvme'",
+            )
         if self.offload_optimizer == "nvme":
             _require(
                 self.stage >= 1,
                 "offload_optimizer",
                 self.offload_optimizer,
                 "'none' at stage 0 (offload needs the optimizer state sharded: stage 1-3)",
-            )
-            _require(
-                isinstance(self.nvme_path, str) and bool(self.nvme_path),
-                "nvme_path",
-                self.nvme_path,
-                "a folder for the swap files when offload_optimizer is 'nvme'",
             )
 
     def _check_precision(self) -> None:

@@ -193,6 +193,7 @@ def _zero_config(s: dict) -> ZeroConfig:
             grad_accum_dtype=_accum_dtype(s),
             communication_data_type=s["communication_data_type"],
             offload_optimizer=s["offload_optimizer"],
+            offload_param=s["offload_param"],
             nvme_path=s["nvme_path"],
             sub_group_size=s["sub_group_size"],
             buffer_count=s["buffer_count"],

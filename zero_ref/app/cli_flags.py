@@ -34,6 +34,7 @@ DEFAULTS = {
     "consecutive_hysteresis": False,
     "min_loss_scale": 1.0,
     "offload_optimizer": "none",
+    "offload_param": "none",
     "nvme_path": None,
     "sub_group_size": 1 << 20,
     "buffer_count": 4,
@@ -229,7 +230,13 @@ def _offload_flags(g) -> None:
         "--nvme-path, streamed through a buffer pool each step (stages 1-3)"
         + _d("offload_optimizer"),
     )
-    g.add_argument("--nvme-path", help="folder for the swap files (with --offload-optimizer nvme)")
+    g.add_argument(
+        "--offload-param",
+        choices=["none", "nvme"],
+        help="nvme: stage 3's parameter shard in a swap file, each unit read when it is "
+        "gathered (its neighbours prefetched)" + _d("offload_param"),
+    )
+    g.add_argument("--nvme-path", help="folder for the swap files (with an nvme offload)")
     g.add_argument(
         "--sub-group-size",
         type=int,

@@ -79,7 +79,6 @@ ZERO_IMPLEMENTED = {
 ZERO_NOT_YET = (
     "allgather_bucket_size",
     "overlap_comm",
-    "offload_param",
     "stage3_prefetch_bucket_size",
     "stage3_max_live_parameters",
 )
@@ -224,8 +223,8 @@ def _zero(section: dict, out: ParsedConfig) -> None:
         if key in ZERO_IMPLEMENTED:
             dest, check = ZERO_IMPLEMENTED[key]
             out.settings[dest] = check(name, value)
-        elif key == "offload_optimizer":
-            _offload_optimizer(_section(name, value), out)
+        elif key in ("offload_optimizer", "offload_param"):
+            _offload(key, _section(name, value), out)
         elif key in ZERO_ALWAYS_ON:
             if _bool(name, value) is False:
                 out.not_implemented.append(f"{name} = false (zero_ref always does this)")
@@ -247,24 +246,28 @@ OFFLOAD_NO_EFFECT = (
 )
 
 
-def _offload_optimizer(section: dict, out: ParsedConfig) -> None:
-    """DeepSpeed's offload_optimizer block: device nvme (here: swap files under
-    nvme_path); device cpu is the GPU path's; buffer_count is the pool's size."""
+def _offload(block: str, section: dict, out: ParsedConfig) -> None:
+    """DeepSpeed's offload_optimizer / offload_param blocks: device nvme (here: swap
+    files under nvme_path); device cpu is the GPU path's; buffer_count is the
+    optimizer pool's size (the parameters need no pool: one unit at a time)."""
     for key, value in section.items():
-        name = f"zero_optimization.offload_optimizer.{key}"
+        name = f"zero_optimization.{block}.{key}"
         if key == "device":
             if value not in ("none", "nvme", "cpu"):
                 raise ConfigError(f"config {name} = {value!r}: allowed 'none', 'nvme', 'cpu'")
             if value == "cpu":
                 out.not_implemented.append(f"{name} = cpu (the GPU path's; on CPU use nvme)")
             else:
-                out.settings["offload_optimizer"] = value
+                out.settings[block] = value
         elif key == "nvme_path":
             if not isinstance(value, str) or not value:
                 raise ConfigError(f"config {name} = {value!r}: must be a folder path")
             out.settings["nvme_path"] = value
-        elif key == "buffer_count":
+        elif key == "buffer_count" and block == "offload_optimizer":
             out.settings["buffer_count"] = _int(name, value, 3)
+        elif key in ("buffer_count", "max_in_cpu") and block == "offload_param":
+            _int(name, _whole(name, value), 0)
+            out.no_effect.append(f"{name} (one unit's slice in RAM at a time, two prefetched)")
         elif key == "buffer_size":
             out.not_implemented.append(f"{name} (the pool holds sub_group_size elements each)")
         elif key in OFFLOAD_NO_EFFECT:

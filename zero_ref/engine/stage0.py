@@ -179,10 +179,15 @@ class Stage0DataParallel:
         return self.nvme.zeros("optimizer", name, self._optimizer_numel())
 
     def _nvme_store(self) -> NvmeStore | None:
-        if self.cfg.offload_optimizer != "nvme":
+        """This rank's swap folder, its disk checked for every file it will hold."""
+        nbytes = 0
+        if self.cfg.offload_optimizer == "nvme":
+            arrays = 3 if self.precision.mixed else 2  # (master,) m, v
+            nbytes += swap_bytes(self._optimizer_numel(), arrays)
+        if self.cfg.offload_param == "nvme":  # stage 3's shard
+            nbytes += swap_bytes(self.layout.shard_numel, 1, self.precision.param.itemsize)
+        if not nbytes and "nvme" not in (self.cfg.offload_optimizer, self.cfg.offload_param):
             return None
-        arrays = 3 if self.precision.mixed else 2  # (master,) m, v
-        nbytes = swap_bytes(self._optimizer_numel(), arrays)
         return NvmeStore(self.cfg.nvme_path, self.rank, self.memory, nbytes)
 
     def _init_offloaded_update(self) -> None:

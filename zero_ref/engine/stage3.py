@@ -28,7 +28,10 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
     def _init_params(self, source: InitSource) -> None:
         """Only this rank's slice of each unit is ever filled (DeepSpeed's zero.Init)."""
         n, p = self.layout.shard_numel, self.precision
-        self.shard_params = self.place.zeros("params", "shard_params", n, p.param)
+        if self.cfg.offload_param == "nvme":  # in a swap file (docs/offload.md)
+            self.shard_params = self.nvme.zeros("params", "shard_params", n, p.param)
+        else:
+            self.shard_params = self.place.zeros("params", "shard_params", n, p.param)
         self.master = self.shard_params  # float32 parameters are their own master
         if p.mixed:
             self.master = self._optimizer_array("master_params")
@@ -55,8 +58,21 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
             if unit.padded_numel:
                 send = self.shard_params[unit.shard_slice()]
                 self.comm.allgather(send, self.gathered[: unit.padded_numel])
+                self._swap_after_gather(i)
             self.gathered_unit = i
         return tensor_views(self._widened(self.gathered[: unit.padded_numel]), unit)
+
+    def _swap_after_gather(self, i: int) -> None:
+        """Offloaded parameters: drop unit i's slice from RAM again, and start reading its
+        neighbours' (forward goes up, backward down) while unit i computes."""
+        if self.cfg.offload_param != "nvme":
+            return
+        swap, base = self.nvme.locate(self.shard_params)
+        units = self.layout.units
+        swap.release(base + units[i].shard_offset, units[i].shard_numel)
+        for j in (i - 1, i + 1):
+            if 0 <= j < len(units):
+                swap.prefetch(base + units[j].shard_offset, units[j].shard_numel)
 
     def release_unit_params(self, i: int) -> None:
         """Nothing to free: the next gather overwrites the buffer."""

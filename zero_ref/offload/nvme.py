@@ -74,9 +74,10 @@ class NvmeStore:
         self.ledger, self.files = ledger, []
         atexit.register(self.close)
 
-    def zeros(self, category: str, name: str, numel: int) -> np.ndarray:
-        """A zero-filled float32 array in a swap file of its own."""
-        swap = SwapFile(self.folder / f"{name}.f32", numel)
+    def zeros(self, category: str, name: str, numel: int, dtype: np.dtype = F32) -> np.ndarray:
+        """A zero-filled array (float32 unless `dtype`) in a swap file of its own."""
+        suffix = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}[np.dtype(dtype).name]
+        swap = SwapFile(self.folder / f"{name}.{suffix}", numel, dtype)
         self.files.append(swap)
         return self.ledger.hold_on_disk(category, name, swap.array)
 
@@ -100,5 +101,5 @@ class NvmeStore:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def swap_bytes(numel: int, n_arrays: int) -> int:
-    return n_arrays * numel * F32.itemsize
+def swap_bytes(numel: int, n_arrays: int, itemsize: int = F32.itemsize) -> int:
+    return n_arrays * numel * itemsize

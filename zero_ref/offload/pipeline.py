@@ -77,24 +77,31 @@ class OffloadedUpdate:
             future.result()
 
     def _swapped(self, o: Owned) -> list[tuple[SwapFile, int] | None]:
-        """For master, m, v of one owned slice: (swap file, offset), or None if in RAM."""
-        return [self.store.locate(a) for a in o[2:]]
+        """For master, m, v of one owned slice, and its parameters when they are not the
+        master (16-bit): (swap file, offset), or None if in RAM."""
+        param, master = o[0], o[2]
+        state = [self.store.locate(a) for a in o[2:]]
+        return [*state, None if param is master else self.store.locate(param)]
 
     def _buffers(self, group: SubGroup, k: int) -> np.ndarray:
         return self.pool[k, :, : group.hi - group.lo]
 
     def _read(self, group: SubGroup, swapped, k: int) -> None:
-        for j, where in enumerate(swapped[group.index]):
+        for j, where in enumerate(swapped[group.index][:3]):
             if where is not None:
                 swap, offset = where
                 swap.read_into(offset + group.lo, self._buffers(group, k)[j])
 
     def _write(self, group: SubGroup, swapped, k: int) -> None:
-        for j, where in enumerate(swapped[group.index]):
+        for j, where in enumerate(swapped[group.index][:3]):
             if where is not None:
                 swap, offset = where
                 swap.write_from(offset + group.lo, self._buffers(group, k)[j])
                 swap.release(offset + group.lo, group.hi - group.lo)
+        params = swapped[group.index][3]  # 16-bit params in a swap file, written in place
+        if params is not None:
+            swap, offset = params
+            swap.release(offset + group.lo, group.hi - group.lo)
 
     def _compute(self, group: SubGroup, owned, swapped, k: int, update: ChunkUpdate) -> None:
         param, grad, master, m, v = owned[group.index]
@@ -102,7 +109,9 @@ class OffloadedUpdate:
         buffers = self._buffers(group, k)
         state = [
             a[lo:hi] if where is None else buffers[j]
-            for j, (a, where) in enumerate(zip((master, m, v), swapped[group.index], strict=True))
+            for j, (a, where) in enumerate(
+                zip((master, m, v), swapped[group.index][:3], strict=True)
+            )
         ]
         update(param[lo:hi], grad[lo:hi], *state)
 

@@ -33,11 +33,12 @@ class OffloadIOError(CollectiveError):
 
 
 class SwapFile:
-    """numel float32 elements in a file of their own, zero-filled at creation."""
+    """numel elements of `dtype` (float32 state, or 16-bit parameters) in a file of
+    their own, zero-filled at creation."""
 
-    def __init__(self, path: Path, numel: int) -> None:
-        self.path, self.numel = Path(path), numel
-        self.nbytes = numel * F32.itemsize
+    def __init__(self, path: Path, numel: int, dtype: np.dtype = F32) -> None:
+        self.path, self.numel, self.dtype = Path(path), numel, np.dtype(dtype)
+        self.nbytes = numel * self.dtype.itemsize
         self.bytes_read = self.bytes_written = 0  # by read_into / write_from, for reports
         try:
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -45,12 +46,13 @@ class SwapFile:
         except OSError as e:
             raise OffloadIOError(f"cannot create swap file {self.path}: {e}") from e
         self._map = mmap.mmap(self.fd, self.nbytes) if self.nbytes else None
-        self.array = np.frombuffer(self._map, F32) if self._map is not None else np.zeros(0, F32)
+        empty = np.zeros(0, self.dtype)
+        self.array = np.frombuffer(self._map, self.dtype) if self._map is not None else empty
 
     def offset_of(self, view: np.ndarray) -> int:
         """The element offset in this file of a view of `array`."""
         base = self.array.__array_interface__["data"][0]
-        offset, rest = divmod(view.__array_interface__["data"][0] - base, F32.itemsize)
+        offset, rest = divmod(view.__array_interface__["data"][0] - base, self.dtype.itemsize)
         if rest or not 0 <= offset <= self.numel - view.size:
             raise ValueError(f"the view is not inside {self.path}'s array")
         return offset
@@ -66,18 +68,28 @@ class SwapFile:
         self.bytes_written += data.nbytes
 
     def _io(self, op: str, offset: int, buf: np.ndarray, call) -> None:
-        want, done = buf.nbytes, 0
-        view = memoryview(buf).cast("B")
+        want, done, start = buf.nbytes, 0, offset * self.dtype.itemsize
+        view = memoryview(buf.view(np.uint8))
         try:
             while done < want:
-                n = call(self.fd, [view[done:]], offset * F32.itemsize + done)
+                n = call(self.fd, [view[done:]], start + done)
                 if n == 0:
-                    raise OSError(f"{op} returned 0 bytes at byte {offset * 4 + done}")
+                    raise OSError(f"{op} returned 0 bytes at byte {start + done}")
                 done += n
         except OSError as e:
             raise OffloadIOError(
                 f"swap file {self.path}: {op} of {want} bytes at element {offset} failed: {e}"
             ) from e
+
+    def prefetch(self, offset: int, numel: int) -> None:
+        """Ask the kernel to start reading elements [offset, offset + numel) now (readahead,
+        asynchronous): the next unit's parameters, while this one computes."""
+        if numel > 0:
+            size = self.dtype.itemsize
+            try:
+                os.posix_fadvise(self.fd, offset * size, numel * size, os.POSIX_FADV_WILLNEED)
+            except OSError as e:
+                raise OffloadIOError(f"swap file {self.path}: prefetch failed: {e}") from e
 
     def release(self, offset: int = 0, numel: int | None = None) -> None:
         """Drop the pages of elements [offset, offset + numel) from this process and from
@@ -85,7 +97,7 @@ class SwapFile:
         numel = self.numel - offset if numel is None else numel
         if numel <= 0 or self._map is None:
             return
-        lo, hi = offset * F32.itemsize, (offset + numel) * F32.itemsize
+        lo, hi = offset * self.dtype.itemsize, (offset + numel) * self.dtype.itemsize
         page = mmap.PAGESIZE
         start = lo - lo % page
         try:
@@ -97,7 +109,7 @@ class SwapFile:
 
     def close(self, remove: bool = True) -> None:
         """Unmap, close and (by default) delete the file: it is scratch, not a checkpoint."""
-        self.array = np.zeros(0, F32)
+        self.array = np.zeros(0, self.dtype)
         if self._map is not None:
             with contextlib.suppress(BufferError):  # views alive: it goes with the process
                 self._map.close()
