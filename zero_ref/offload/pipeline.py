@@ -15,6 +15,7 @@ the page cache.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -53,6 +54,18 @@ class OffloadedUpdate:
         """pool: (buffer_count, 3, sub_group_size) float32, held in the ledger's buffers."""
         self.store, self.pool, self.count = store, pool, buffer_count
         self.io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="zero_ref-swap")
+        self.timeline: list[tuple[str, int, float, float]] | None = None  # trace(): on
+
+    def trace(self) -> None:
+        """Record (what, sub-group, start, end) of every read, update and write from now
+        on, perf_counter seconds (scripts/bench_offload.py --timeline draws them)."""
+        self.timeline = []
+
+    def _timed(self, what: str, i: int, fn, *args) -> None:
+        t0 = time.perf_counter()
+        fn(*args)
+        if self.timeline is not None:
+            self.timeline.append((what, i, t0, time.perf_counter()))
 
     def run(self, owned: Sequence[Owned], update: ChunkUpdate) -> None:
         """update(param, grad, master, m, v) on every sub-group, master/m/v in RAM."""
@@ -60,18 +73,19 @@ class OffloadedUpdate:
         swapped = [self._swapped(o) for o in owned]
         reads: dict[int, Future] = {}
         writes: dict[int, Future] = {}
-        for i in range(min(self.count - 1, len(groups))):
-            reads[i] = self.io.submit(self._read, groups[i], swapped, i % self.count)
+        k = self.count
+        for i in range(min(k - 1, len(groups))):
+            reads[i] = self.io.submit(self._timed, "read", i, self._read, groups[i], swapped, i % k)
         for i, group in enumerate(groups):
             reads.pop(i).result()  # re-raises an I/O error here, on the main thread
-            self._compute(group, owned, swapped, i % self.count, update)
-            writes[i] = self.io.submit(self._write, group, swapped, i % self.count)
-            ahead = i + self.count - 1
+            self._timed("update", i, self._compute, group, owned, swapped, i % k, update)
+            writes[i] = self.io.submit(self._timed, "write", i, self._write, group, swapped, i % k)
+            ahead = i + k - 1
             if ahead < len(groups):
                 if i >= 1:
                     writes.pop(i - 1).result()  # buffer set of `ahead` is free again
                 reads[ahead] = self.io.submit(
-                    self._read, groups[ahead], swapped, ahead % self.count
+                    self._timed, "read", ahead, self._read, groups[ahead], swapped, ahead % k
                 )
         for future in writes.values():
             future.result()
