@@ -4,9 +4,10 @@ Every array whose size grows with the model (parameters, gradients, optimizer
 state, bucket staging, gathered units) is created here and registered with the
 memory ledger at creation, so what the ledger says a rank holds is what it
 allocated. Arrays live in this process's RAM, float32 unless the caller names
-a dtype (mixed precision: 16-bit parameters and gradients, zero_ref/engine/precision.py);
-NVMe offload (np.memmap files) and the GPU (device arrays) will be other
-placements with the same two methods, and the stages will not change.
+a dtype (mixed precision: 16-bit parameters and gradients, zero_ref/engine/precision.py).
+Offloaded state is made by zero_ref/offload/nvme.py's NvmeStore instead (the
+same `zeros`, memory-mapped swap files, counted by the ledger as on disk); the
+GPU's device arrays will be another placement with the same methods.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Mixed precision: which dtype each model-sized array has, and the two conversions.
+"""Mixed precision: which dtype each model-sized array has (the roundings: zero_ref/dtypes.py).
 
 The ZeRO paper's memory model (Sec. 3.1) is mixed-precision Adam (Micikevicius et
 al., 2018): 16-bit parameters (2 Psi bytes) and gradients (2 Psi) that the model
