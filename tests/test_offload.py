@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+from tests.mpi_pool import mpirun_command, run_watched
 from zero_ref.comm.collectives import comm_for
 from zero_ref.config import ZeroConfig
 from zero_ref.engine import make_engine
 from zero_ref.models.unit import init_params
 from zero_ref.offload.nvme import NvmeStore, check_space
-from zero_ref.offload.swap_file import OffloadIOError, SwapFile
+from zero_ref.offload.swap_file import OffloadIOError, OffloadSetupError, SwapFile
 from zero_ref.testing.replay import ReplayModel
 
 UNITS = [("u0", [("w", (30, 50)), ("s", ())]), ("u1", [("b", (70,)), ("c", (0,))])]
@@ -114,12 +115,24 @@ def test_ram_stays_bounded_while_the_state_is_many_times_the_pool(tmp_path):
 
 
 def test_space_and_folder_are_checked_before_anything_is_created(tmp_path, monkeypatch):
-    with pytest.raises(OffloadIOError, match="no such folder"):
+    with pytest.raises(OffloadSetupError, match="no such folder"):
         check_space(str(tmp_path / "missing"), 10)
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=1000))
-    with pytest.raises(OffloadIOError, match="1,000 bytes free, the swap files need 4,000"):
+    with pytest.raises(OffloadSetupError, match="1,000 bytes free, the swap files need 4,000"):
         check_space(str(tmp_path), 4000)
+
+
+def test_a_missing_nvme_path_is_one_message_and_exit_2(tmp_path):
+    """Bad input, found on every rank before anything is created: one line from rank 0."""
+    job = run_watched(
+        mpirun_command(
+            2, "-m", "zero_ref.train", "--model", "mlp", "--steps", "1", "--stage", "2",
+            "--offload-optimizer", "nvme", "--nvme-path", str(tmp_path / "missing"),
+        )
+    )  # fmt: skip
+    assert job.returncode == 2, job.stderr[-2000:]
+    assert job.stderr.count("no such folder") == 1, job.stderr[-2000:]
 
 
 def test_an_io_error_names_the_file_and_the_operation(tmp_path, monkeypatch):

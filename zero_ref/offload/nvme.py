@@ -19,21 +19,21 @@ from pathlib import Path
 import numpy as np
 
 from zero_ref.engine.memory import MemoryLedger
-from zero_ref.offload.swap_file import F32, OffloadIOError, SwapFile
+from zero_ref.offload.swap_file import F32, OffloadIOError, OffloadSetupError, SwapFile
 
 FOLDER = re.compile(r"zero_ref_swap_r(\d+)_p(\d+)$")
 
 
 def check_space(nvme_path: str, nbytes: int) -> Path:
-    """The folder, if it exists, is writable and has nbytes free; else OffloadIOError."""
+    """The folder, if it exists, is writable and has nbytes free; else OffloadSetupError."""
     folder = Path(nvme_path)
     if not folder.is_dir():
-        raise OffloadIOError(f"--nvme-path {folder}: no such folder (offload needs one)")
+        raise OffloadSetupError(f"--nvme-path {folder}: no such folder (offload needs one)")
     if not os.access(folder, os.W_OK):
-        raise OffloadIOError(f"--nvme-path {folder}: not writable")
+        raise OffloadSetupError(f"--nvme-path {folder}: not writable")
     free = shutil.disk_usage(folder).free
     if free < nbytes:
-        raise OffloadIOError(
+        raise OffloadSetupError(
             f"--nvme-path {folder}: {free:,} bytes free, the swap files need {nbytes:,}"
         )
     return folder

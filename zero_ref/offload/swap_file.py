@@ -23,13 +23,17 @@ from pathlib import Path
 
 import numpy as np
 
-from zero_ref.errors import CollectiveError
-
 F32 = np.dtype(np.float32)
 
 
-class OffloadIOError(CollectiveError):
-    """A swap file could not be created, read or written (the file and the operation)."""
+class OffloadIOError(OSError):
+    """A swap file could not be created, read or written (the file and the operation).
+    Raised on the rank it happened on: the job is aborted with this message."""
+
+
+class OffloadSetupError(ValueError):
+    """--nvme-path cannot hold the swap files (missing, not writable, too small): bad
+    input, found on every rank before anything is created."""
 
 
 class SwapFile:
