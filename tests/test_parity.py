@@ -250,11 +250,8 @@ def check_comm_bytes(result: dict, drawn: dict) -> None:
             drawn["grad_accum"],
             ElementBytes(**result["element_bytes"]),
             skipped=report["skipped"],
+            after_skipped=i > 0 and result["steps"][i - 1]["skipped"],
         )
-        if drawn["stage"] == 3 and i > 0 and result["steps"][i - 1]["skipped"]:
-            # the buffer still holds unit 0 from the skipped step's backward, unchanged
-            w, sizes = drawn["world"], result["element_bytes"]
-            expected -= (w - 1) * result["unit_padded_numels"][0] * sizes["param"] // w
         sent = sum(
             v["sent_bytes"]
             for kind, v in step.items()

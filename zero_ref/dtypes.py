@@ -63,6 +63,17 @@ class ElementBytes:
     master: int = 0  # a float32 master copy beside 16-bit parameters (4), or none (0)
 
 
+FP32 = ElementBytes()  # every array float32, no separate master copy
+
+
+def name_of(dtype: np.dtype) -> str:
+    """The precision name ("fp32", "fp16", "bf16") of a NumPy dtype."""
+    for name, d in DTYPES.items():
+        if d == dtype:
+            return name
+    raise ValueError(f"dtype {dtype} is not one of {', '.join(DTYPES)}")
+
+
 def element_bytes(param: str, grad: str, comm: str) -> ElementBytes:
     """ElementBytes of precision names ("fp32", "fp16", "bf16")."""
     p, g, c = (dtype_of(n).itemsize for n in (param, grad, comm))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from zero_ref.app.cli import Parsed, UsageError, parse_args
 from zero_ref.dtypes import ElementBytes, element_bytes
-from zero_ref.engine.memory import FP32, buffer_formula_bytes, formula_bytes
+from zero_ref.engine.memory import FP32, buffer_formula_bytes, formula_bytes, offload_pool_numel
 from zero_ref.layout.flat import FlatLayout, model_layout
 from zero_ref.models.gpt import GPT
 from zero_ref.models.mlp import CharMLP
@@ -149,9 +149,9 @@ def estimate_rank(
     states = state_bytes(layout, stage, bucket_numel, grad_accum, sizes)
     if offload_pool is not None and stage >= 1:
         sub_group, count = offload_pool
-        widest = layout.shard_numel if stage == 3 else max(u.shard_numel for u in layout.units)
+        shards = [u.shard_numel for u in layout.units]
         states["optimizer"] = 0
-        states["buffers"] += 4 * count * 3 * max(1, min(sub_group, widest))
+        states["buffers"] += 4 * count * 3 * offload_pool_numel(stage, shards, sub_group)
     return RankEstimate(
         stage=stage,
         world=world,

@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 
 from zero_ref.app.cli import RunConfig, UsageError
+from zero_ref.io.atomic import process_alive
 
 EXTENSIONS = {"export": (".safetensors",), "log_jsonl": (".jsonl",)}
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?:tmp|partial)-(?P<pid>\d+)$")
@@ -75,17 +76,7 @@ def remove_stale_temporaries(path: Path) -> list[Path]:
     removed = []
     for candidate in path.parent.glob(f".{path.name}.*-*"):
         match = _TEMPORARY.match(candidate.name)
-        if match and match["name"] == path.name and not _alive(int(match["pid"])):
+        if match and match["name"] == path.name and not process_alive(int(match["pid"])):
             candidate.unlink(missing_ok=True)
             removed.append(candidate)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process: not ours to remove
-    return True

@@ -20,9 +20,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from zero_ref.dtypes import ElementBytes
-
-FP32 = ElementBytes()
+from zero_ref.dtypes import FP32, ElementBytes
 
 
 @dataclass
@@ -110,6 +108,7 @@ def expected_sent_bytes(
     grad_accum: int,
     sizes: ElementBytes = FP32,
     skipped: bool = False,
+    after_skipped: bool = False,
 ) -> int:
     """Bytes one rank sends per step for parameters and gradients in zero_ref's schedule.
 
@@ -119,22 +118,24 @@ def expected_sent_bytes(
     is reused: the last unit's forward gather serves its backward too, and unit 0's
     backward gather serves the next micro-step's forward. unit_numels are the
     padded sizes, in forward order. A skipped step (a NaN/Inf gradient) updates
-    nothing, so stages 1-2 gather nothing after it."""
+    nothing, so stages 1-2 gather nothing after it, and at stage 3 the step after
+    it (`after_skipped`) finds unit 0 still in the buffer, unchanged."""
     psi, k = sum(unit_numels), grad_accum
     fraction = (world_size - 1) / world_size
     if stage == 0:
         return int(fraction * psi * k * (sizes.comm + sizes.grad))
     if stage < 3:
         return int(fraction * psi * (k * sizes.comm + (0 if skipped else sizes.param)))
-    counts = stage3_gathers(len(unit_numels), grad_accum)
+    counts = stage3_gathers(len(unit_numels), grad_accum, held=0 if after_skipped else None)
     gathered = sum(n * c for n, c in zip(unit_numels, counts, strict=True))
     return int(fraction * (sizes.param * gathered + sizes.comm * k * psi))
 
 
-def stage3_gathers(n_units: int, grad_accum: int) -> list[int]:
+def stage3_gathers(n_units: int, grad_accum: int, held: int | None = None) -> list[int]:
     """How often each unit is all-gathered in one step at stage 3: forward in order,
-    backward in reverse, a unit already in the buffer not gathered again."""
-    counts, held = [0] * n_units, None
+    backward in reverse, a unit already in the buffer (`held` at the start: none
+    after an update, which makes every copy stale) not gathered again."""
+    counts = [0] * n_units
     for _ in range(grad_accum):
         for i in [*range(n_units), *range(n_units - 1, -1, -1)]:
             if held != i:

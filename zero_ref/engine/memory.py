@@ -23,10 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from zero_ref.dtypes import ElementBytes
+from zero_ref.dtypes import FP32, ElementBytes
 from zero_ref.layout.buckets import bucket_columns
-
-FP32 = ElementBytes()
 
 CATEGORIES = ("params", "grads", "optimizer", "buffers")
 
@@ -156,3 +154,11 @@ def buffer_formula_bytes(
     if stage == 3:
         total += sizes.param * widest  # the gathered unit
     return total
+
+
+def offload_pool_numel(stage: int, unit_shard_numels: Sequence[int], sub_group_size: int) -> int:
+    """Elements per sub-group of the offload buffer pool: sub_group_size, or less when
+    no owned slice is that long (stage 3 owns one slice, its shard; stages 1-2 one
+    per unit, its rank's slice). The pool is buffer_count x 3 such sub-groups."""
+    widest = sum(unit_shard_numels) if stage == 3 else max(unit_shard_numels, default=0)
+    return max(1, min(sub_group_size, widest))

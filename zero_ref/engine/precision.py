@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zero_ref.dtypes import ElementBytes, dtype_of, element_bytes
+from zero_ref.dtypes import ElementBytes, dtype_of, element_bytes, name_of
 
 
 @dataclass(frozen=True)
@@ -50,13 +50,9 @@ class Precision:
     @property
     def bytes(self) -> ElementBytes:
         """Bytes per element, for the memory and communication formulas."""
-        return element_bytes(self.name, _name(self.grad), _name(self.comm))
+        return element_bytes(self.name, name_of(self.grad), name_of(self.comm))
 
     @property
     def scaled(self) -> bool:
         """fp16 needs loss scaling; bf16 has float32's exponent range and does not."""
         return self.name == "fp16"
-
-
-def _name(dtype: np.dtype) -> str:
-    return {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[dtype.name]

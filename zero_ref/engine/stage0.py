@@ -29,7 +29,7 @@ from zero_ref.comm.collectives import Comm
 from zero_ref.config import ZeroConfig
 from zero_ref.dtypes import accumulate_rounded, round_into
 from zero_ref.engine.init_source import InitSource, as_init_source
-from zero_ref.engine.memory import MemoryLedger
+from zero_ref.engine.memory import MemoryLedger, offload_pool_numel
 from zero_ref.engine.packing import unpack_full
 from zero_ref.engine.placement import HostPlacement
 from zero_ref.engine.precision import Precision
@@ -180,21 +180,21 @@ class Stage0DataParallel:
 
     def _nvme_store(self) -> NvmeStore | None:
         """This rank's swap folder, its disk checked for every file it will hold."""
+        if "nvme" not in (self.cfg.offload_optimizer, self.cfg.offload_param):
+            return None
         nbytes = 0
         if self.cfg.offload_optimizer == "nvme":
             arrays = 3 if self.precision.mixed else 2  # (master,) m, v
             nbytes += swap_bytes(self._optimizer_numel(), arrays)
         if self.cfg.offload_param == "nvme":  # stage 3's shard
             nbytes += swap_bytes(self.layout.shard_numel, 1, self.precision.param.itemsize)
-        if not nbytes and "nvme" not in (self.cfg.offload_optimizer, self.cfg.offload_param):
-            return None
         return NvmeStore(self.cfg.nvme_path, self.rank, self.memory, nbytes)
 
     def _init_offloaded_update(self) -> None:
         """The buffer pool (in the ledger's buffers) and the I/O threads; every swap
         page the initial fill touched is dropped from RAM."""
-        widest = max((o[1].size for o in self.owned_slices()), default=0)
-        sub_group = max(1, min(self.cfg.sub_group_size, widest))
+        shards = [u.shard_numel for u in self.layout.units]
+        sub_group = offload_pool_numel(self.stage, shards, self.cfg.sub_group_size)
         count = self.cfg.buffer_count
         pool = self.place.zeros("buffers", "offload_pool", count * 3 * sub_group)
         self.offloaded = OffloadedUpdate(self.nvme, pool.reshape(count, 3, sub_group), count)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from zero_ref.dtypes import rounded
+from zero_ref.dtypes import round_into
 from zero_ref.engine.stage1 import Stage1OptimizerSharded
 from zero_ref.layout.flat import UnitLayout, tensor_views
 
@@ -35,11 +35,13 @@ class Stage2GradientsSharded(Stage1OptimizerSharded):
 
     def on_unit_backward_done(self, i: int, micro: int) -> None:
         """Unit i's gradients are final: into the buckets now, so the scratch is free.
-        16-bit gradients are rounded once first, as stages 0-1 store them."""
+        16-bit gradients are rounded as stages 0-1 store them: by the staging itself
+        when the wire has their dtype (the usual case), else once more first."""
         unit = self.layout.units[i]
         flat = self.unit_grad_scratch[: unit.padded_numel]
-        if self.precision.grad != np.float32:
-            flat[...] = rounded(flat, self.precision.grad)
+        grad = self.precision.grad
+        if grad != np.float32 and self.precision.comm != grad:
+            flat[...] = round_into(np.empty(flat.size, grad), flat)
         self.buckets.unit_ready(i, flat, micro)
 
     def _owned_grad(self, unit: UnitLayout) -> np.ndarray:

@@ -42,3 +42,15 @@ def fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def process_alive(pid: int) -> bool:
+    """Is process `pid` still running? Scratch a dead process left behind (a hidden
+    temporary, a swap folder) may be removed; a live one's, or another user's, not."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: not ours to remove
+    return True

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from zero_ref.engine.memory import MemoryLedger
+from zero_ref.io.atomic import process_alive
 from zero_ref.offload.swap_file import F32, OffloadIOError, OffloadSetupError, SwapFile
 
 FOLDER = re.compile(r"zero_ref_swap_r(\d+)_p(\d+)$")
@@ -44,20 +45,10 @@ def remove_stale(folder: Path, rank: int) -> list[Path]:
     removed = []
     for entry in folder.glob(f"zero_ref_swap_r{rank}_p*"):
         match = FOLDER.match(entry.name)
-        if match and not _alive(int(match.group(2))):
+        if match and not process_alive(int(match.group(2))):
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class NvmeStore:
