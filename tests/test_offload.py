@@ -54,6 +54,20 @@ def test_offloaded_run_is_bitwise_the_in_ram_run(tmp_path, stage, precision):
     assert not folder.exists(), "swap files are scratch: removed at close"
 
 
+def test_sub_groups_moved_with_o_direct_are_bitwise_too(tmp_path):
+    """Sub-groups of 2048 elements (8 KiB, aligned in the pool): their I/O goes around
+    the page cache, ragged unit tails through it; the results do not change."""
+    units = [("u0", [("w", (100, 203))]), ("u1", [("b", (5000,))])]
+    common = dict(units=units, stage=2, precision="bf16", grad_accum=2, clip=0.5)
+    in_ram, a = run(tmp_path, **common)
+    offloaded, b = run(tmp_path, offload_optimizer="nvme", sub_group_size=2048, **common)
+    assert np.array_equal(in_ram.view(np.uint8), offloaded.view(np.uint8))
+    if any(f.direct_fd is not None for f in b.nvme.files):
+        assert sum(f.bytes_direct for f in b.nvme.files) > 0
+    a.close()
+    b.close()
+
+
 def test_sub_groups_larger_than_the_in_ram_chunk_are_bitwise_too(tmp_path):
     """A sub-group wider than the in-RAM step's chunk (2^18): the whole piece is updated."""
     wide = [("u0", [("w", (700, 1000))])]
@@ -177,3 +191,40 @@ def test_swap_file_ranges_round_trip(tmp_path):
     swap.release()
     swap.close()
     assert not (tmp_path / "x.f32").exists()
+
+
+def aligned(numel: int) -> np.ndarray:
+    from zero_ref.engine.memory import MemoryLedger
+    from zero_ref.engine.placement import HostPlacement
+
+    return HostPlacement(MemoryLedger()).aligned_zeros("buffers", "b", numel, np.float32, 4096)
+
+
+def test_aligned_ranges_go_around_the_page_cache_and_ragged_ends_through_it(tmp_path):
+    swap = SwapFile(tmp_path / "x.f32", 10_000)
+    if swap.direct_fd is None:
+        swap.close()
+        pytest.skip("this filesystem has no O_DIRECT")
+    buf = aligned(4096)
+    assert buf.__array_interface__["data"][0] % 4096 == 0
+    buf[:] = np.arange(4096)
+    swap.write_from(2048, buf)  # byte 8192, 16 KiB, from an aligned buffer: all direct
+    assert swap.bytes_direct == buf.nbytes and not swap.cached_writes
+    piece = buf[3:3003]  # address and file offset agree mod 4096: a ragged head and tail
+    swap.write_from(3, piece)
+    assert swap.cached_writes and 0 < swap.bytes_direct - buf.nbytes < piece.nbytes
+    out = aligned(10_000)
+    swap.read_into(0, out)
+    expected = np.zeros(10_000, np.float32)
+    expected[2048:6144] = np.arange(4096)
+    expected[3:3003] = np.arange(3, 3003)
+    assert np.array_equal(out, expected)
+    assert np.array_equal(swap.array, expected)  # the mapping sees what O_DIRECT wrote
+    unaligned = np.arange(2000, dtype=np.float32)[1:]  # address not as the offset: cached
+    before = swap.bytes_direct
+    swap.write_from(5, unaligned)
+    swap.read_into(5, out[:1999])
+    assert swap.bytes_direct == before and np.array_equal(out[:1999], unaligned)
+    swap.release(mapped=False)
+    assert not swap.cached_writes
+    swap.close()

@@ -26,6 +26,7 @@ from zero_ref.layout.flat import FlatLayout, model_layout
 from zero_ref.models.gpt import GPT
 from zero_ref.models.mlp import CharMLP
 from zero_ref.models.unit import Model
+from zero_ref.offload.swap_file import ALIGN
 
 F32 = 4  # bytes: every array the engine and the models allocate is float32
 # What a rank holds above its baseline that nothing here counts: malloc's heap in
@@ -151,7 +152,8 @@ def estimate_rank(
         sub_group, count = offload_pool
         shards = [u.shard_numel for u in layout.units]
         states["optimizer"] = 0
-        states["buffers"] += 4 * count * 3 * offload_pool_numel(stage, shards, sub_group)
+        pool_numel = count * 3 * offload_pool_numel(stage, shards, sub_group)
+        states["buffers"] += 4 * pool_numel + ALIGN  # room to align it for O_DIRECT
     return RankEstimate(
         stage=stage,
         world=world,

@@ -34,3 +34,13 @@ class HostPlacement:
     ) -> np.ndarray:
         """A new 1-D array whose contents the caller fills before reading."""
         return self.ledger.hold(category, name, np.empty(numel, dtype))
+
+    def aligned_zeros(
+        self, category: str, name: str, numel: int, dtype: np.dtype, align: int
+    ) -> np.ndarray:
+        """zeros() whose first element sits at a multiple of `align` bytes (buffers for
+        O_DIRECT I/O); the ledger holds the slightly larger allocation."""
+        itemsize = np.dtype(dtype).itemsize
+        raw = self.zeros(category, name, numel + align // itemsize, dtype)
+        skip = (-raw.__array_interface__["data"][0]) % align // itemsize
+        return raw[skip : skip + numel]

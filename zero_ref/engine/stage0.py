@@ -38,6 +38,7 @@ from zero_ref.layout.flat import FlatLayout, UnitLayout, model_layout, rank_rows
 from zero_ref.models.unit import Model
 from zero_ref.offload.nvme import NvmeStore, swap_bytes
 from zero_ref.offload.pipeline import OffloadedUpdate
+from zero_ref.offload.swap_file import ALIGN
 from zero_ref.optim.adamw import adamw_kernel, adamw_scalars, with_lr
 from zero_ref.optim.gradnorm import clip_coefficient, global_grad_norm
 from zero_ref.optim.loss_scale import LossScaleState, initial_state, next_state
@@ -196,7 +197,8 @@ class Stage0DataParallel:
         shards = [u.shard_numel for u in self.layout.units]
         sub_group = offload_pool_numel(self.stage, shards, self.cfg.sub_group_size)
         count = self.cfg.buffer_count
-        pool = self.place.zeros("buffers", "offload_pool", count * 3 * sub_group)
+        numel = count * 3 * sub_group
+        pool = self.place.aligned_zeros("buffers", "offload_pool", numel, np.float32, ALIGN)
         self.offloaded = OffloadedUpdate(self.nvme, pool.reshape(count, 3, sub_group), count)
         self.nvme.release_all()
 

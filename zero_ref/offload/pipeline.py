@@ -111,7 +111,7 @@ class OffloadedUpdate:
             if where is not None:
                 swap, offset = where
                 swap.write_from(offset + group.lo, self._buffers(group, k)[j])
-                swap.release(offset + group.lo, group.hi - group.lo)
+                swap.release(offset + group.lo, group.hi - group.lo, mapped=False)
         params = swapped[group.index][3]  # 16-bit params in a swap file, written in place
         if params is not None:
             swap, offset = params

@@ -8,6 +8,15 @@ through `read_into` / `write_from` (pread/pwrite into in-RAM buffers: the GIL
 is released, so I/O threads overlap the optimizer's kernel), which the
 offloaded optimizer step uses.
 
+Ranges go around the page cache (O_DIRECT) wherever the buffer and the file
+offset agree modulo ALIGN (the pool's buffers are aligned, so the step's
+sub-groups do, but for a ragged head or tail): the bytes go straight between
+the buffer and the disk, nothing is left to write back, and the disk can read
+one sub-group while it writes another. Measured by scripts/bench_offload.py
+(docs/offload.md): the step took 0.67 s through the page cache (write, then
+fdatasync and drop every range) and 0.32 s with O_DIRECT. A filesystem without
+O_DIRECT (tmpfs) gets the page-cache path for everything.
+
 Neither way may let memory grow with the model: `release()` drops the pages a
 range left behind, from this process (madvise) and from the page cache
 (written back first, then posix_fadvise DONTNEED). Every OS error becomes an
@@ -24,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 F32 = np.dtype(np.float32)
+ALIGN = 4096  # O_DIRECT's rule for buffer address, file offset and length (the block size)
 
 
 class OffloadIOError(OSError):
@@ -44,11 +54,14 @@ class SwapFile:
         self.path, self.numel, self.dtype = Path(path), numel, np.dtype(dtype)
         self.nbytes = numel * self.dtype.itemsize
         self.bytes_read = self.bytes_written = 0  # by read_into / write_from, for reports
+        self.bytes_direct = 0  # of those, moved with O_DIRECT (around the page cache)
         try:
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             os.ftruncate(self.fd, self.nbytes)  # a sparse file: zeros, no blocks yet
         except OSError as e:
             raise OffloadIOError(f"cannot create swap file {self.path}: {e}") from e
+        self.direct_fd = _open_direct(self.path)  # None where the filesystem has no O_DIRECT
+        self.cached_writes = False  # written through the page cache since the last sync
         self._map = mmap.mmap(self.fd, self.nbytes) if self.nbytes else None
         empty = np.zeros(0, self.dtype)
         self.array = np.frombuffer(self._map, self.dtype) if self._map is not None else empty
@@ -72,17 +85,34 @@ class SwapFile:
         self.bytes_written += data.nbytes
 
     def _io(self, op: str, offset: int, buf: np.ndarray, call) -> None:
-        want, done, start = buf.nbytes, 0, offset * self.dtype.itemsize
-        view = memoryview(buf.view(np.uint8))
+        """The whole range: its aligned middle with O_DIRECT, a ragged head and tail (or
+        all of it, where alignment or O_DIRECT is missing) through the page cache."""
+        start, view = offset * self.dtype.itemsize, memoryview(buf.view(np.uint8))
+        address = buf.__array_interface__["data"][0]
+        head = (-start) % ALIGN
+        middle = max(0, len(view) - head) // ALIGN * ALIGN
+        if self.direct_fd is None or (address - start) % ALIGN or middle == 0:
+            head, middle = len(view), 0
+        pieces = [(self.fd, 0, head), (self.direct_fd, head, head + middle)]
+        pieces.append((self.fd, head + middle, len(view)))
+        for fd, lo, hi in pieces:
+            if hi > lo:
+                self._io_all(op, fd, start + lo, view[lo:hi], call)
+                self.cached_writes |= op == "write" and fd == self.fd
+                self.bytes_direct += (hi - lo) * (fd == self.direct_fd)
+
+    def _io_all(self, op: str, fd: int, start: int, view: memoryview, call) -> None:
+        """Every byte of `view` at byte `start` of the file (a call may move fewer)."""
+        done = 0
         try:
-            while done < want:
-                n = call(self.fd, [view[done:]], start + done)
+            while done < len(view):
+                n = call(fd, [view[done:]], start + done)
                 if n == 0:
                     raise OSError(f"{op} returned 0 bytes at byte {start + done}")
                 done += n
         except OSError as e:
             raise OffloadIOError(
-                f"swap file {self.path}: {op} of {want} bytes at element {offset} failed: {e}"
+                f"swap file {self.path}: {op} of {len(view)} bytes at byte {start} failed: {e}"
             ) from e
 
     def prefetch(self, offset: int, numel: int) -> None:
@@ -95,9 +125,11 @@ class SwapFile:
             except OSError as e:
                 raise OffloadIOError(f"swap file {self.path}: prefetch failed: {e}") from e
 
-    def release(self, offset: int = 0, numel: int | None = None) -> None:
+    def release(self, offset: int = 0, numel: int | None = None, mapped: bool = True) -> None:
         """Drop the pages of elements [offset, offset + numel) from this process and from
-        the page cache, after writing back what is dirty: RAM stays bounded."""
+        the page cache, after writing back what is dirty: RAM stays bounded. mapped=False:
+        the range was not written through `array` since its last release (only by
+        write_from), so only page-cache writes need syncing, if there were any."""
         numel = self.numel - offset if numel is None else numel
         if numel <= 0 or self._map is None:
             return
@@ -106,7 +138,9 @@ class SwapFile:
         start = lo - lo % page
         try:
             self._map.madvise(mmap.MADV_DONTNEED, start, min(hi, self.nbytes) - start)
-            os.fdatasync(self.fd)
+            if mapped or self.cached_writes:
+                os.fdatasync(self.fd)
+                self.cached_writes = False
             os.posix_fadvise(self.fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
         except OSError as e:
             raise OffloadIOError(f"swap file {self.path}: releasing pages failed: {e}") from e
@@ -119,5 +153,18 @@ class SwapFile:
                 self._map.close()
             self._map = None
         os.close(self.fd)
+        if self.direct_fd is not None:
+            os.close(self.direct_fd)
         if remove:
             self.path.unlink(missing_ok=True)
+
+
+def _open_direct(path: Path) -> int | None:
+    """A second descriptor of the file that bypasses the page cache, if the platform and
+    filesystem allow it (tmpfs refuses O_DIRECT; macOS has none): else None."""
+    if not hasattr(os, "O_DIRECT"):
+        return None
+    try:
+        return os.open(path, os.O_RDWR | os.O_DIRECT)
+    except OSError:
+        return None
