@@ -129,6 +129,38 @@ def test_ram_stays_bounded_while_the_state_is_many_times_the_pool(tmp_path):
     engine.close()
 
 
+class SamplingInit:
+    """RandomInit that records the file-backed resident set before each unit it fills."""
+
+    def __init__(self, model) -> None:
+        from zero_ref.engine.init_source import RandomInit
+
+        self.inner, self.samples = RandomInit(model, 0), []
+
+    def fill_unit(self, unit, out, lo, hi) -> None:
+        self.samples.append(rss_file_bytes())
+        self.inner.fill_unit(unit, out, lo, hi)
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_filling_offloaded_state_holds_one_unit_at_a_time(tmp_path, stage):
+    """The initial fill writes master weights (and stage 3's 16-bit parameters) through
+    their mappings: each unit's pages leave RAM before the next unit is filled, so the
+    resident set does not grow with the model during init (nor a resume's load)."""
+    units = [(f"u{i}", [("w", (500, 1000))]) for i in range(6)]
+    model = ReplayModel(units)
+    offload = dict(offload_param="nvme") if stage == 3 else {}
+    config = ZeroConfig(
+        stage=stage, precision="bf16", offload_optimizer="nvme", nvme_path=str(tmp_path), **offload
+    )
+    source = SamplingInit(model)
+    engine = make_engine(model, source, config, comm_for(MPI.COMM_SELF, config))
+    unit_bytes = 500_000 * (4 + 2)  # one unit's master and 16-bit parameters
+    grown = max(source.samples) - source.samples[0]
+    assert grown < 2 * unit_bytes, f"file-backed RSS grew {grown:,} bytes over 6 units"
+    engine.close()
+
+
 def test_space_and_folder_are_checked_before_anything_is_created(tmp_path, monkeypatch):
     with pytest.raises(OffloadSetupError, match="no such folder"):
         check_space(str(tmp_path / "missing"), 10)

@@ -108,7 +108,9 @@ def write_rank_file(engine, path: Path) -> dict[str, Any]:
 
 def _write_state(engine, writer: SafetensorsWriter, kind: str) -> None:
     for unit in engine.layout.units:
-        writer.write_part(kind, engine.owned_state(kind, unit))
+        mine = engine.owned_state(kind, unit)
+        writer.write_part(kind, mine)
+        engine.release_pages(mine)  # offloaded state: one unit in RAM at a time
 
 
 def build_manifest(engine, step: int, files: list[dict], training: dict[str, Any]) -> dict:

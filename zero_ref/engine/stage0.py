@@ -202,6 +202,15 @@ class Stage0DataParallel:
         self.offloaded = OffloadedUpdate(self.nvme, pool.reshape(count, 3, sub_group), count)
         self.nvme.release_all()
 
+    def release_pages(self, view: np.ndarray) -> None:
+        """Drop a view of a swap-file array (a unit's slice) from RAM after bulk access
+        through its mapping, so that filling, loading or streaming offloaded state
+        holds one unit of it at a time, not the whole; a view of RAM: nothing."""
+        where = None if self.nvme is None else self.nvme.locate(view)
+        if where is not None:
+            swap, offset = where
+            swap.release(offset, view.size)
+
     def release_offloaded(self) -> None:
         """After bulk access to swap-file state through its mappings (a checkpoint, a
         stream to rank 0, a load): drop those pages from RAM. Nothing in RAM runs."""
@@ -438,6 +447,7 @@ class Stage0DataParallel:
                     flat = None if landing is None else landing[: unit.padded_numel]
                     if unit.padded_numel:
                         self.comm.gather_to_root(shard[unit.shard_slice()], flat, "consolidate")
+                    self.release_pages(shard[unit.shard_slice()])
                 if self.rank == 0:
                     sink(kind, unit, flat)
         if self.memory.holds("buffers", "landing"):
@@ -468,6 +478,7 @@ class Stage0DataParallel:
                 else:
                     lo = self.rank * unit.shard_numel
                     source.fill_unit(unit, shard[unit.shard_slice()], lo, lo + unit.shard_numel)
+                    self.release_pages(shard[unit.shard_slice()])
         self.release_offloaded()
 
     def _landing_buffer(self) -> np.ndarray:

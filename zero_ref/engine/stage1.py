@@ -41,6 +41,7 @@ class Stage1OptimizerSharded(Stage0DataParallel):
             source.fill_unit(unit, whole, 0, unit.padded_numel)
             round_into(full, whole)
             self.master[unit.shard_slice()] = rank_rows(whole, unit)[self.rank]
+            self.release_pages(self.master[unit.shard_slice()])
 
     def _init_grads(self) -> None:
         dtype = self.precision.grad

@@ -42,11 +42,15 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
         self._init_compute_scratch()
 
     def _fill_params(self, source: InitSource) -> None:
+        """Unit by unit: this rank's slice of the master weights, rounded into the 16-bit
+        parameters; an offloaded slice leaves RAM before the next unit is filled."""
         for unit in self.layout.units:
-            lo = self.rank * unit.shard_numel
-            source.fill_unit(unit, self.master[unit.shard_slice()], lo, lo + unit.shard_numel)
-        if self.master is not self.shard_params:
-            round_into(self.shard_params, self.master)
+            lo, mine = self.rank * unit.shard_numel, unit.shard_slice()
+            source.fill_unit(unit, self.master[mine], lo, lo + unit.shard_numel)
+            if self.master is not self.shard_params:
+                round_into(self.shard_params[mine], self.master[mine])
+                self.release_pages(self.shard_params[mine])
+            self.release_pages(self.master[mine])
         self.gathered_unit = None  # a gathered copy is stale now
 
     def unit_params(self, i: int) -> dict[str, np.ndarray]:
