@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import os
 
-import pytest
-from hypothesis import settings
-from mpi4py import MPI
+# The GPU path's kernels run in numba-cuda's simulator unless a GPU run asks otherwise
+# (scripts/gpu_check.sh sets NUMBA_ENABLE_CUDASIM=0): set before numba is imported.
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
-from tests.mpi_pool import MPIPool
+import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+from tests.mpi_pool import MPIPool  # noqa: E402
 
 # In CI (CI=true) hypothesis draws the same examples on every run, so a red build
 # always means a change broke something; locally it explores new examples each run.

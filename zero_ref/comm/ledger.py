@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 from zero_ref.dtypes import FP32, ElementBytes
 
+COPY_KINDS = ("device_to_host", "host_to_device")  # the GPU path's PCIe copies
+
 
 @dataclass
 class KindTotals:
@@ -31,14 +33,18 @@ class KindTotals:
     sent_bytes: int = 0
     recv_bytes: int = 0
     seconds: float = 0.0
+    copied_bytes: int = 0  # host <-> device copies (COPY_KINDS): never network bytes
 
     def as_dict(self) -> dict[str, float]:
-        return {
+        out = {
             "calls": self.calls,
             "sent_bytes": self.sent_bytes,
             "recv_bytes": self.recv_bytes,
             "seconds": self.seconds,
         }
+        if self.copied_bytes:
+            out["copied_bytes"] = self.copied_bytes
+        return out
 
 
 @dataclass
@@ -65,6 +71,16 @@ class CommLedger:
         t.recv_bytes += int(recv_bytes)
         t.seconds += seconds
 
+    def record_copy(self, kind: str, nbytes: int, seconds: float) -> None:
+        """A copy between host and device memory (kind in COPY_KINDS): PCIe bytes,
+        counted apart from what crosses the network."""
+        if kind not in COPY_KINDS:
+            raise ValueError(f"copy kind {kind!r}: allowed are {', '.join(COPY_KINDS)}")
+        t = self.current[kind]
+        t.calls += 1
+        t.copied_bytes += int(nbytes)
+        t.seconds += seconds
+
     def end_step(self) -> dict[str, dict[str, float]]:
         """Close the step: move its totals to history and return them."""
         totals = {k: v.as_dict() for k, v in sorted(self.current.items())}
@@ -81,6 +97,11 @@ class CommLedger:
     @staticmethod
     def step_sent_bytes(totals: dict[str, dict[str, float]]) -> int:
         return int(sum(v["sent_bytes"] for v in totals.values()))
+
+    @staticmethod
+    def step_copied_bytes(totals: dict[str, dict[str, float]], kind: str) -> int:
+        """Bytes copied host -> device or device -> host in one step's totals."""
+        return int(totals.get(kind, {}).get("copied_bytes", 0))
 
 
 def paper_sent_bytes(

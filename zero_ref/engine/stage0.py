@@ -40,7 +40,7 @@ from zero_ref.offload.nvme import NvmeStore, swap_bytes
 from zero_ref.offload.pipeline import OffloadedUpdate
 from zero_ref.offload.swap_file import ALIGN
 from zero_ref.optim.adamw import adamw_kernel, adamw_scalars, with_lr
-from zero_ref.optim.gradnorm import clip_coefficient, global_grad_norm
+from zero_ref.optim.gradnorm import clip_coefficient, global_grad_norm, unscale_and_clip
 from zero_ref.optim.loss_scale import LossScaleState, initial_state, next_state
 from zero_ref.optim.nonfinite import NonFiniteGradientError, describe_full_index, locate_nonfinite
 
@@ -381,9 +381,7 @@ class Stage0DataParallel:
 
         def update(param, grad, master, exp_avg, exp_avg_sq) -> None:
             """One piece: unscale, clip, AdamW on the master, round into the params."""
-            g = np.divide(grad, divisor, dtype=np.float32)  # a piece: RAM chunk or sub-group
-            if coef != 1:
-                g *= coef
+            g = unscale_and_clip(grad, divisor, coef)  # a piece: RAM chunk or sub-group
             adamw_kernel(master, g, exp_avg, exp_avg_sq, s)
             if param.dtype != master.dtype:
                 round_into(param, master)  # the 16-bit copy of the update

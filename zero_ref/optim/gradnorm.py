@@ -173,6 +173,16 @@ def sumsq_fast(x: np.ndarray) -> float:
     return float(_sumsq_fast_kernel(flat, SUMSQ_CHUNK))
 
 
+def unscale_and_clip(grad: np.ndarray, divisor: np.float32, coef: np.float32) -> np.ndarray:
+    """The gradient AdamW sees, a new float32 array: grad / divisor (the mean over ranks
+    and micro-steps with the loss scale taken out; one rounding), then times the
+    clipping coefficient when it is not 1 (a second rounding)."""
+    g = np.divide(grad, divisor, dtype=np.float32)
+    if coef != 1:
+        g *= coef
+    return g
+
+
 def clip_coefficient(total_norm: float, max_norm: float | None) -> np.float32:
     """Factor gradients are multiplied by, as torch.nn.utils.clip_grad_norm_ computes it."""
     if max_norm is None:

@@ -1,0 +1,100 @@
+"""The device kernels against their NumPy twins, element by element, at awkward sizes.
+
+In CI they run in numba-cuda's simulator (tests/conftest.py sets NUMBA_ENABLE_CUDASIM=1);
+scripts/gpu_check.sh runs the same tests on a real GPU, where the libdevice `_rn`
+spelling is what keeps them bitwise (zero_ref/gpu/kernels.py)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from numba import cuda
+
+from zero_ref.config import AdamWConfig
+from zero_ref.dtypes import round_into
+from zero_ref.gpu import kernels
+from zero_ref.optim.adamw import adamw_reference, adamw_scalars
+from zero_ref.optim.gradnorm import sumsq_bins_reference, unscale_and_clip
+from zero_ref.optim.nonfinite import first_nonfinite
+
+pytestmark = pytest.mark.gpu
+SIZES = [0, 1, 7, 13, 257]
+
+
+def awkward(n: int, seed: int) -> np.ndarray:
+    """float32 values of many magnitudes, a few subnormals and exact ties among them."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(n) * 10.0 ** rng.integers(-30, 30, n)).astype(np.float32)
+    if n > 3:
+        x[1] = np.float32(1e-40)  # subnormal
+        x[2] = np.float32(1.0) + np.float32(2.0**-8)  # a bf16 tie
+    return x
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view(np.uint8)
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("beta1", [0.9, 0.3])  # both of torch's lerp formulas
+@pytest.mark.parametrize("step", [1, 5])
+def test_adamw_is_bitwise_its_twin(n, beta1, step):
+    rng = np.random.default_rng(n)
+    param, grad = rng.standard_normal((2, n)).astype(np.float32)
+    m = rng.standard_normal(n).astype(np.float32) * 0.1
+    v = np.abs(rng.standard_normal(n)).astype(np.float32) * 0.01
+    s = adamw_scalars(AdamWConfig(lr=1e-3, betas=(beta1, 0.999), weight_decay=0.01), step)
+    device = [cuda.to_device(a) for a in (param, grad, m, v)]
+    kernels.adamw(*device, s)
+    adamw_reference(param, grad, m, v, s)
+    for host, dev in zip((param, grad, m, v), device, strict=True):
+        assert np.array_equal(bits(host), bits(dev.copy_to_host()))
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("coef", [1.0, 0.37])
+def test_unscale_and_clip_is_bitwise_its_twin(n, coef):
+    grad = awkward(n, 1)
+    divisor, c = np.float32(12.0), np.float32(coef)
+    out = cuda.device_array(n, np.float32)
+    kernels.unscale_and_clip(cuda.to_device(grad), out, divisor, c)
+    assert np.array_equal(bits(out.copy_to_host()), bits(unscale_and_clip(grad, divisor, c)))
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_sumsq_bins_are_its_twins(n):
+    x = awkward(n, 2)
+    if n > 6:
+        x[[4, 5, 6]] = [np.inf, -np.inf, np.nan]
+    assert np.array_equal(kernels.sumsq_bins(cuda.to_device(x)), sumsq_bins_reference(x))
+
+
+@pytest.mark.parametrize("bad", [[], [5], [9, 3, 11]])
+def test_first_nonfinite_is_its_twins(bad):
+    x = awkward(13, 3)
+    x[bad] = np.nan if len(bad) == 1 else np.inf
+    assert kernels.first_nonfinite(cuda.to_device(x)) == first_nonfinite([x])
+
+
+# The simulator casts in its own threads, where NumPy warns that an fp16 overflow became
+# Inf; that Inf is the point (the loss scaler's signal), so the warning is not news here.
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16])
+@pytest.mark.parametrize("n", SIZES)
+def test_16_bit_rounding_and_widening_are_their_twins(dtype, n):
+    src = awkward(n, 4)
+    if n > 6:
+        src[[4, 5, 6]] = [np.float32(3.4e38), np.float32(-70000.0), np.nan]  # overflow, NaN
+    expected = round_into(np.empty(n, dtype), src)
+    dst = cuda.device_array(n, dtype)
+    kernels.round_into(dst, cuda.to_device(src), np.dtype(dtype).name)
+    got = dst.copy_to_host()
+    nan = np.isnan(expected.astype(np.float32))
+    assert np.array_equal(np.isnan(got.astype(np.float32)), nan)
+    if dtype is ml_dtypes.bfloat16:  # NaN too: the canonical quiet NaN, as ml_dtypes makes it
+        nan[:] = False
+    assert np.array_equal(bits(got[~nan]), bits(expected[~nan]))
+    wide = cuda.device_array(n, np.float32)
+    kernels.widen(wide, dst, np.dtype(dtype).name)
+    assert np.array_equal(bits(wide.copy_to_host()), bits(got.astype(np.float32)))

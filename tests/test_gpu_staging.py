@@ -1,0 +1,58 @@
+"""Collectives on device arrays through host buffers, and which MPI path a run takes."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.mpi_pool import REPO, mpi_env, mpirun_command
+from zero_ref.gpu.mpi_support import CudaAwareMPIError, choose_path, library_says_cuda_aware
+
+pytestmark = pytest.mark.gpu
+
+
+def test_staged_collectives_are_bitwise_the_host_ones_under_mpirun():
+    """tests/mpi_staging_check.py on 3 ranks: allreduce, reduce-scatter and allgather of
+    float32 and bf16 device arrays, rank-order and MPI sums: bitwise the host Comm's,
+    the same network bytes, and the host<->device copies counted apart."""
+    done = subprocess.run(
+        mpirun_command(3, str(REPO / "tests" / "mpi_staging_check.py")),
+        cwd=REPO,
+        env={**mpi_env(), "NUMBA_ENABLE_CUDASIM": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "all checks passed on 3 ranks" in done.stdout
+
+
+def test_the_pypi_mpich_says_it_is_not_cuda_aware():
+    from mpi4py import MPI  # noqa: F401  (loads the library the query looks in)
+
+    assert library_says_cuda_aware() in (False, None)
+
+
+@pytest.mark.parametrize(
+    ("requested", "library", "aware"),
+    [
+        ("auto", True, True),
+        ("auto", False, False),
+        ("auto", None, False),
+        ("no", True, False),
+        ("yes", True, True),
+        ("yes", None, True),  # the user knows better than a library that cannot say
+    ],
+)
+def test_the_path_follows_the_request_and_the_library(requested, library, aware):
+    path = choose_path(requested, library)
+    assert path.cuda_aware is aware
+    assert path.describe().startswith("MPI: ")
+
+
+def test_forcing_cuda_aware_on_a_library_that_says_no_is_a_clear_error():
+    with pytest.raises(CudaAwareMPIError, match="says it is not CUDA-aware"):
+        choose_path("yes", False)
+    with pytest.raises(ValueError, match="allowed are auto, yes, no"):
+        choose_path("maybe", None)

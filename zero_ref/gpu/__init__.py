@@ -1,0 +1,1 @@
+"""The GPU path: device kernels beside their NumPy twins, CUDA-aware MPI (docs/gpu.md)."""
