@@ -98,3 +98,24 @@ def test_16_bit_rounding_and_widening_are_their_twins(dtype, n):
     wide = cuda.device_array(n, np.float32)
     kernels.widen(wide, dst, np.dtype(dtype).name)
     assert np.array_equal(bits(wide.copy_to_host()), bits(got.astype(np.float32)))
+
+
+def test_bench_gpu_runs_and_ends_with_json():
+    """scripts/bench_gpu.py end to end (in the simulator a tiny array, flagged as such)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.mpi_pool import REPO
+
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "bench_gpu.py"), "--repeats", "1"],
+        cwd=REPO / "scripts",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(result["gb_per_s"]) == {"copy", "adamw", "unscale", "norm_bins"}
+    assert result["simulator"] is kernels.SIMULATOR

@@ -19,7 +19,7 @@ def test_staged_collectives_are_bitwise_the_host_ones_under_mpirun():
     done = subprocess.run(
         mpirun_command(3, str(REPO / "tests" / "mpi_staging_check.py")),
         cwd=REPO,
-        env={**mpi_env(), "NUMBA_ENABLE_CUDASIM": "1"},
+        env=mpi_env(),  # the simulator in CI (tests/conftest.py), the GPU in gpu_check.sh
         capture_output=True,
         text=True,
         timeout=300,
