@@ -119,3 +119,36 @@ def test_bench_gpu_runs_and_ends_with_json():
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert set(result["gb_per_s"]) == {"copy", "adamw", "unscale", "norm_bins"}
     assert result["simulator"] is kernels.SIMULATOR
+
+
+def test_on_hardware_the_float_kernels_hold_no_fma_and_only_correctly_rounded_ops():
+    """The kernels compiled for a real GPU (NVVM, no GPU needed; skipped without NVVM):
+    AdamW and unscale must use mul.rn/add.rn/sub.rn/div.rn/sqrt.rn, never a fused
+    multiply-add or an approximate divide or square root, or they could not be bitwise
+    their NumPy twins; the fp16 rounding must be cvt.rn (nearest, ties to even)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.mpi_pool import REPO
+
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "gpu_ptx_check.py")],
+        cwd=REPO,
+        env={**os.environ, "NUMBA_ENABLE_CUDASIM": "0"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    ops = json.loads(done.stdout.strip().splitlines()[-1])
+    if "unavailable" in ops:
+        pytest.skip(f"cannot compile for a GPU here: {ops['unavailable'][:200]}")
+    for name in ("adamw", "unscale_and_clip"):
+        floats = [op for op in ops[name] if op.endswith(".f32")]
+        assert not [op for op in floats if op.startswith("fma")], (name, floats)
+        assert all(".rn." in op for op in floats), (name, floats)
+        assert not [op for op in ops[name] if op.startswith(("rcp", "rsqrt"))], (name, ops[name])
+    assert {"sqrt.rn.f32", "div.rn.f32", "mul.rn.f32"} <= set(ops["adamw"])
+    assert "cvt.rn.f16.f32" in ops["round_fp16"]
