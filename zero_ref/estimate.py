@@ -21,7 +21,13 @@ from pathlib import Path
 
 from zero_ref.app.cli import Parsed, UsageError, parse_args
 from zero_ref.dtypes import ElementBytes, element_bytes
-from zero_ref.engine.memory import FP32, buffer_formula_bytes, formula_bytes, offload_pool_numel
+from zero_ref.engine.memory import (
+    FP32,
+    buffer_formula_bytes,
+    formula_bytes,
+    offload_pool_numel,
+    offload_pool_row_numel,
+)
 from zero_ref.layout.flat import FlatLayout, model_layout
 from zero_ref.models.gpt import GPT
 from zero_ref.models.mlp import CharMLP
@@ -152,7 +158,8 @@ def estimate_rank(
         sub_group, count = offload_pool
         shards = [u.shard_numel for u in layout.units]
         states["optimizer"] = 0
-        pool_numel = count * 3 * offload_pool_numel(stage, shards, sub_group)
+        row = offload_pool_row_numel(offload_pool_numel(stage, shards, sub_group), ALIGN // 4)
+        pool_numel = count * 3 * row
         states["buffers"] += 4 * pool_numel + ALIGN  # room to align it for O_DIRECT
     return RankEstimate(
         stage=stage,

@@ -162,3 +162,11 @@ def offload_pool_numel(stage: int, unit_shard_numels: Sequence[int], sub_group_s
     per unit, its rank's slice). The pool is buffer_count x 3 such sub-groups."""
     widest = sum(unit_shard_numels) if stage == 3 else max(unit_shard_numels, default=0)
     return max(1, min(sub_group_size, widest))
+
+
+def offload_pool_row_numel(sub_group: int, align_numel: int) -> int:
+    """Elements of one pool buffer: a sub-group rounded up to whole alignment blocks, plus
+    one block of slack, so that a sub-group's buffer can start at the same offset within
+    a block as its range does in the file (the condition for O_DIRECT), and every
+    buffer of the pool starts on a block."""
+    return -(-sub_group // align_numel) * align_numel + align_numel

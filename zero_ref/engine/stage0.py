@@ -29,7 +29,7 @@ from zero_ref.comm.collectives import Comm
 from zero_ref.config import ZeroConfig
 from zero_ref.dtypes import accumulate_rounded, round_into
 from zero_ref.engine.init_source import InitSource, as_init_source
-from zero_ref.engine.memory import MemoryLedger, offload_pool_numel
+from zero_ref.engine.memory import MemoryLedger, offload_pool_numel, offload_pool_row_numel
 from zero_ref.engine.packing import unpack_full
 from zero_ref.engine.placement import HostPlacement
 from zero_ref.engine.precision import Precision
@@ -196,10 +196,13 @@ class Stage0DataParallel:
         page the initial fill touched is dropped from RAM."""
         shards = [u.shard_numel for u in self.layout.units]
         sub_group = offload_pool_numel(self.stage, shards, self.cfg.sub_group_size)
+        row = offload_pool_row_numel(sub_group, ALIGN // 4)
         count = self.cfg.buffer_count
-        numel = count * 3 * sub_group
-        pool = self.place.aligned_zeros("buffers", "offload_pool", numel, np.float32, ALIGN)
-        self.offloaded = OffloadedUpdate(self.nvme, pool.reshape(count, 3, sub_group), count)
+        pool = self.place.aligned_zeros(
+            "buffers", "offload_pool", count * 3 * row, np.float32, ALIGN
+        )
+        pool = pool.reshape(count, 3, row)
+        self.offloaded = OffloadedUpdate(self.nvme, pool, count, sub_group)
         self.nvme.release_all()
 
     def release_pages(self, view: np.ndarray) -> None:

@@ -8,8 +8,10 @@ runs the AdamW kernel (Numba, nogil) on sub-group i, two I/O threads read
 sub-group i + 1 .. i + B - 2 ahead and write sub-group i - 1 back; a buffer set
 is read into only after its last sub-group was written. The kernel, the
 values and their order are the in-RAM step's, so results are bitwise the same;
-only where the bytes wait changes. RAM used is the pool, B x 3 x sub_group_size
-x 4 bytes, whatever the model's size: each written range is also dropped from
+only where the bytes wait changes. RAM used is the pool, B x 3 buffers of
+sub_group_size elements (rounded up to whole 4 KiB blocks, plus one block of
+slack so that a buffer can start where its range does within a disk block, as
+O_DIRECT needs) x 4 bytes, whatever the model's size; nothing written stays in
 the page cache.
 """
 
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from zero_ref.offload.nvme import NvmeStore
-from zero_ref.offload.swap_file import SwapFile
+from zero_ref.offload.swap_file import ALIGN, SwapFile
 
 Owned = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 ChunkUpdate = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]
@@ -50,9 +52,12 @@ def plan_sub_groups(sizes: Sequence[int], sub_group_size: int) -> list[SubGroup]
 class OffloadedUpdate:
     """Runs one optimizer step's update over swap-file state through the buffer pool."""
 
-    def __init__(self, store: NvmeStore, pool: np.ndarray, buffer_count: int) -> None:
-        """pool: (buffer_count, 3, sub_group_size) float32, held in the ledger's buffers."""
-        self.store, self.pool, self.count = store, pool, buffer_count
+    def __init__(
+        self, store: NvmeStore, pool: np.ndarray, buffer_count: int, sub_group: int
+    ) -> None:
+        """pool: (buffer_count, 3, row) float32, held in the ledger's buffers, each row a
+        sub-group plus slack to match a range's alignment (offload_pool_row_numel)."""
+        self.store, self.pool, self.count, self.sub_group = store, pool, buffer_count, sub_group
         self.io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="zero_ref-swap")
         self.timeline: list[tuple[str, int, float, float]] | None = None  # trace(): on
 
@@ -69,7 +74,7 @@ class OffloadedUpdate:
 
     def run(self, owned: Sequence[Owned], update: ChunkUpdate) -> None:
         """update(param, grad, master, m, v) on every sub-group, master/m/v in RAM."""
-        groups = plan_sub_groups([o[1].size for o in owned], self.pool.shape[2])
+        groups = plan_sub_groups([o[1].size for o in owned], self.sub_group)
         swapped = [self._swapped(o) for o in owned]
         reads: dict[int, Future] = {}
         writes: dict[int, Future] = {}
@@ -97,20 +102,26 @@ class OffloadedUpdate:
         state = [self.store.locate(a) for a in o[2:]]
         return [*state, None if param is master else self.store.locate(param)]
 
-    def _buffers(self, group: SubGroup, k: int) -> np.ndarray:
-        return self.pool[k, :, : group.hi - group.lo]
+    def _buffers(self, group: SubGroup, swapped, k: int) -> np.ndarray:
+        """Buffer set k's three rows for `group`, each starting at the same offset within
+        an ALIGN block as the group's range in the swap files (master, m and v share a
+        layout), so its aligned middle moves with O_DIRECT."""
+        where = next((w for w in swapped[group.index][:3] if w is not None), None)
+        block = ALIGN // 4
+        shift = 0 if where is None else (where[1] + group.lo) % block
+        return self.pool[k, :, shift : shift + group.hi - group.lo]
 
     def _read(self, group: SubGroup, swapped, k: int) -> None:
         for j, where in enumerate(swapped[group.index][:3]):
             if where is not None:
                 swap, offset = where
-                swap.read_into(offset + group.lo, self._buffers(group, k)[j])
+                swap.read_into(offset + group.lo, self._buffers(group, swapped, k)[j])
 
     def _write(self, group: SubGroup, swapped, k: int) -> None:
         for j, where in enumerate(swapped[group.index][:3]):
             if where is not None:
                 swap, offset = where
-                swap.write_from(offset + group.lo, self._buffers(group, k)[j])
+                swap.write_from(offset + group.lo, self._buffers(group, swapped, k)[j])
                 swap.release(offset + group.lo, group.hi - group.lo, mapped=False)
         params = swapped[group.index][3]  # 16-bit params in a swap file, written in place
         if params is not None:
@@ -120,7 +131,7 @@ class OffloadedUpdate:
     def _compute(self, group: SubGroup, owned, swapped, k: int, update: ChunkUpdate) -> None:
         param, grad, master, m, v = owned[group.index]
         lo, hi = group.lo, group.hi
-        buffers = self._buffers(group, k)
+        buffers = self._buffers(group, swapped, k)
         state = [
             a[lo:hi] if where is None else buffers[j]
             for j, (a, where) in enumerate(

@@ -26,14 +26,19 @@ OffloadIOError naming the file and the operation.
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
 
 F32 = np.dtype(np.float32)
-ALIGN = 4096  # O_DIRECT's rule for buffer address, file offset and length (the block size)
+# O_DIRECT's rule for buffer address, file offset and length: the block size (4096 on
+# common disks), and never less than a page, so a buffered ragged end and a direct
+# middle never share a page of the cache.
+ALIGN = max(4096, mmap.PAGESIZE)
 
 
 class OffloadIOError(OSError):
@@ -61,7 +66,9 @@ class SwapFile:
         except OSError as e:
             raise OffloadIOError(f"cannot create swap file {self.path}: {e}") from e
         self.direct_fd = _open_direct(self.path)  # None where the filesystem has no O_DIRECT
+        self.retired_fds: list[int] = []  # direct descriptors given up on, closed at close()
         self.cached_writes = False  # written through the page cache since the last sync
+        self._sync_lock = threading.Lock()  # the flag and the sync, for two I/O threads
         self._map = mmap.mmap(self.fd, self.nbytes) if self.nbytes else None
         empty = np.zeros(0, self.dtype)
         self.array = np.frombuffer(self._map, self.dtype) if self._map is not None else empty
@@ -93,13 +100,32 @@ class SwapFile:
         middle = max(0, len(view) - head) // ALIGN * ALIGN
         if self.direct_fd is None or (address - start) % ALIGN or middle == 0:
             head, middle = len(view), 0
-        pieces = [(self.fd, 0, head), (self.direct_fd, head, head + middle)]
-        pieces.append((self.fd, head + middle, len(view)))
+        direct = self.direct_fd
+        pieces = [(None, 0, head), (direct, head, head + middle), (None, head + middle, len(view))]
         for fd, lo, hi in pieces:
-            if hi > lo:
-                self._io_all(op, fd, start + lo, view[lo:hi], call)
-                self.cached_writes |= op == "write" and fd == self.fd
-                self.bytes_direct += (hi - lo) * (fd == self.direct_fd)
+            if hi > lo and not (
+                fd is not None and self._direct(op, fd, start + lo, view[lo:hi], call)
+            ):
+                self._io_all(op, self.fd, start + lo, view[lo:hi], call)
+                if op == "write":
+                    with self._sync_lock:
+                        self.cached_writes = True
+
+    def _direct(self, op: str, fd: int, start: int, view: memoryview, call) -> bool:
+        """One aligned piece with O_DIRECT; False if the filesystem refuses it after all
+        (EINVAL: it wants another alignment, or a short transfer left the rest ragged):
+        then O_DIRECT is given up for this file and the piece goes through the cache."""
+        try:
+            self._io_all(op, fd, start, view, call)
+        except OffloadIOError as e:
+            if getattr(e.__cause__, "errno", None) != errno.EINVAL:
+                raise
+            if self.direct_fd == fd:
+                self.direct_fd = None  # another thread may still be using it: closed at close()
+                self.retired_fds.append(fd)
+            return False
+        self.bytes_direct += len(view)
+        return True
 
     def _io_all(self, op: str, fd: int, start: int, view: memoryview, call) -> None:
         """Every byte of `view` at byte `start` of the file (a call may move fewer)."""
@@ -138,9 +164,10 @@ class SwapFile:
         start = lo - lo % page
         try:
             self._map.madvise(mmap.MADV_DONTNEED, start, min(hi, self.nbytes) - start)
-            if mapped or self.cached_writes:
-                os.fdatasync(self.fd)
-                self.cached_writes = False
+            with self._sync_lock:  # held through the sync: a write flagged meanwhile waits
+                if mapped or self.cached_writes:
+                    self.cached_writes = False
+                    os.fdatasync(self.fd)
             os.posix_fadvise(self.fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
         except OSError as e:
             raise OffloadIOError(f"swap file {self.path}: releasing pages failed: {e}") from e
@@ -153,8 +180,9 @@ class SwapFile:
                 self._map.close()
             self._map = None
         os.close(self.fd)
-        if self.direct_fd is not None:
-            os.close(self.direct_fd)
+        for fd in [self.direct_fd, *self.retired_fds]:
+            if fd is not None:
+                os.close(fd)
         if remove:
             self.path.unlink(missing_ok=True)
 
