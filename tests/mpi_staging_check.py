@@ -22,7 +22,7 @@ from mpi_checks import run_checks  # noqa: E402  (beside this script, which runs
 from numba import cuda  # noqa: E402
 
 from zero_ref.comm.collectives import Comm, MPIReduction, OrderedReduction  # noqa: E402
-from zero_ref.comm.staging import HostStaging, StagedComm  # noqa: E402
+from zero_ref.comm.staging import StagedComm  # noqa: E402
 
 BLOCKS = [0, 1, 7, 13]
 
@@ -57,7 +57,7 @@ def checks() -> list[str]:
     world = MPI.COMM_WORLD
     for reduction in (OrderedReduction(), MPIReduction()):
         host_comm, dev_comm = Comm(world.Dup(), reduction), Comm(world.Dup(), reduction)
-        staged = StagedComm(dev_comm, HostStaging(dev_comm))
+        staged = StagedComm(dev_comm)
         for dtype in (np.float32, ml_dtypes.bfloat16):
             for n in BLOCKS:
                 tag = f"{type(reduction).__name__} {np.dtype(dtype).name} n={n}"

@@ -93,6 +93,7 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
         communication_data_type=case.get("communication_data_type"),
         loss_scale=LossScaleConfig(**case.get("loss_scale", {})),
         nonfinite=case.get("nonfinite", "raise"),
+        device=case.get("device", "cpu"),
         **offload_settings(case),
     )
     model, batches = build_model(case)
@@ -128,9 +129,11 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
         save_checkpoint(engine, case["save_to"], first + case["steps"], {"case": case})
     held = engine.memory.bytes_by_category()
     on_disk = engine.memory.disk_bytes_by_category()
+    on_device = engine.memory.device_bytes_by_category()
     engine.close()
     everyone = world.gather(held, root=0)
     everyone_disk = world.gather(on_disk, root=0)
+    everyone_device = world.gather(on_device, root=0)
     if comm.rank != 0:
         return None
     sizes = engine.precision.bytes
@@ -141,6 +144,7 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
         "step_count": [engine.step_count, oracle.step_count],
         "memory": everyone,
         "disk_memory": everyone_disk,
+        "device_memory": everyone_device,
         "formula": formula,
         "peak_params": engine.memory.peak_by_category["params"],
         "case_id": case.get("case_id"),  # which case this answers (tests/mpi_pool.py)

@@ -261,16 +261,16 @@ def check_comm_bytes(result: dict, drawn: dict) -> None:
 
 
 def check_memory(result: dict, world: int) -> None:
-    """Every rank holds its stage's formula; offloaded state is on disk, not in RAM
-    (its bytes the same)."""
-    for rank, (held, on_disk) in enumerate(
-        zip(result["memory"], result["disk_memory"], strict=True)
-    ):
+    """Every rank holds its stage's formula; offloaded state is on disk and a GPU run's
+    state on the device, not in RAM (its bytes the same)."""
+    tiers = zip(result["memory"], result["disk_memory"], result["device_memory"], strict=True)
+    for rank, (held, on_disk, on_device) in enumerate(tiers):
         for category, formula in result["formula"].items():
-            where = on_disk if on_disk[category] else held
+            elsewhere = on_disk if on_disk[category] else on_device
+            where = elsewhere if elsewhere[category] else held
             assert where[category] == formula, f"rank {rank} {category}: {where} vs {formula}"
-            if on_disk[category]:
-                assert held[category] == 0, f"rank {rank}: offloaded {category} also in RAM"
+            if elsewhere[category]:
+                assert held[category] == 0, f"rank {rank}: {category} also in RAM"
 
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -16,6 +16,8 @@ STAGES = (0, 1, 2, 3)
 NONFINITE_POLICIES = ("raise", "skip")  # see zero_ref/optim/nonfinite.py
 PRECISIONS = ("fp32", "fp16", "bf16")  # see zero_ref/engine/precision.py
 OFFLOAD_DEVICES = ("none", "nvme")  # see zero_ref/offload/
+DEVICES = ("cpu", "gpu")  # where the engine's arrays live (docs/gpu.md)
+CUDA_AWARE_CHOICES = ("auto", "yes", "no")
 
 
 def _require(ok: bool, name: str, value: object, allowed: str) -> None:
@@ -87,6 +89,10 @@ class ZeroConfig:
                   slice is read when it is gathered (the neighbours' prefetched) and
                   dropped from RAM after. "none": in RAM.
     nvme_path     the folder for the swap files (needed with "nvme").
+    device        "cpu", or "gpu": the engine's model-sized arrays are numba.cuda device
+                  arrays and its update phase runs as CUDA kernels (docs/gpu.md).
+    cuda_aware_mpi  "auto" (ask the MPI library), "yes" or "no": with device "gpu",
+                  whether device buffers go to MPI directly or are staged through host.
     """
 
     stage: int = 2
@@ -107,6 +113,8 @@ class ZeroConfig:
     nvme_path: str | None = None
     sub_group_size: int = 1 << 20
     buffer_count: int = 4
+    device: str = "cpu"
+    cuda_aware_mpi: str = "auto"
 
     def __post_init__(self) -> None:
         _require(
@@ -154,6 +162,23 @@ class ZeroConfig:
         )
         self._check_precision()
         self._check_offload()
+        self._check_device()
+
+    def _check_device(self) -> None:
+        _require(self.device in DEVICES, "device", self.device, "'cpu' or 'gpu'")
+        _require(
+            self.cuda_aware_mpi in CUDA_AWARE_CHOICES,
+            "cuda_aware_mpi",
+            self.cuda_aware_mpi,
+            "'auto', 'yes' or 'no'",
+        )
+        if self.device == "gpu":
+            _require(
+                "nvme" not in (self.offload_optimizer, self.offload_param),
+                "device",
+                self.device,
+                "'cpu' with NVMe offload (the GPU path's offload tiers are not built yet)",
+            )
 
     def _check_offload(self) -> None:
         devices = " or ".join(repr(d) for d in OFFLOAD_DEVICES)

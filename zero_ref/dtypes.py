@@ -49,7 +49,8 @@ def accumulate_rounded(dst: np.ndarray, src: np.ndarray) -> None:
     if dst.dtype == np.float32 and src.dtype == np.float32:
         dst += src
         return
-    round_into(dst, dst.astype(np.float32) + src.astype(np.float32))
+    with np.errstate(over="ignore", invalid="ignore"):  # Inf + -Inf: the scaler's NaN
+        round_into(dst, dst.astype(np.float32) + src.astype(np.float32))
 
 
 @dataclass(frozen=True)

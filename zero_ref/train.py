@@ -29,6 +29,13 @@ from zero_ref.io.tensor_io import SafetensorsWriter
 from zero_ref.layout.flat import tensor_views
 
 
+def device_line(engine, comm) -> str:
+    """With --device gpu: which device, and how its buffers reach MPI (docs/gpu.md)."""
+    if getattr(engine.place, "description", None) is None:
+        return ""
+    return f"; device: {engine.place.description}; {comm.path}"
+
+
 def prepare(parsed: Parsed, world: int) -> tuple[Task, InitSource, object, np.ndarray, object]:
     """Corpus, task and where the initial parameters come from: all checks before the
     first collective. No parameter is drawn or read yet: each rank will take only its
@@ -72,6 +79,7 @@ def train(parsed: Parsed, mpi_comm) -> None:
         f"{engine.layout.numel:,} parameters, vocab {vocab.size}, "
         f"{'deterministic' if zero.deterministic else 'fast'} mode; corpus {tokens.size:,} "
         f"characters, unigram entropy {unigram_entropy(tokens):.3f} nats/char"
+        + device_line(engine, comm)
     )
     for note in parsed.notes:
         progress.always(note)

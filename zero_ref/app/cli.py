@@ -190,6 +190,8 @@ def _zero_config(s: dict) -> ZeroConfig:
             nvme_path=s["nvme_path"],
             sub_group_size=s["sub_group_size"],
             buffer_count=s["buffer_count"],
+            device=s["device"],
+            cuda_aware_mpi=s["cuda_aware_mpi"],
         )
     except ValueError as e:
         raise UsageError(f"bad value: {e}") from e

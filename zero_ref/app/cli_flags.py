@@ -38,6 +38,8 @@ DEFAULTS = {
     "nvme_path": None,
     "sub_group_size": 1 << 20,
     "buffer_count": 4,
+    "device": "cpu",
+    "cuda_aware_mpi": "auto",
     "lr": 3e-3,
     "weight_decay": 0.01,
     "betas": (0.9, 0.999),
@@ -113,6 +115,7 @@ def build_parser(rank: int = 0) -> argparse.ArgumentParser:
     _engine_flags(p.add_argument_group("ZeRO engine"))
     _precision_flags(p.add_argument_group("mixed precision (docs/precision.md)"))
     _offload_flags(p.add_argument_group("offload (docs/offload.md)"))
+    _device_flags(p.add_argument_group("device (docs/gpu.md)"))
     _optimizer_flags(p.add_argument_group("optimizer (AdamW) and schedule"))
     _run_flags(p.add_argument_group("run"))
     _file_flags(p.add_argument_group("files"))
@@ -219,6 +222,21 @@ def _precision_flags(g) -> None:
         "--min-loss-scale",
         type=float,
         help="fp16: the scale never halves below this" + _d("min_loss_scale"),
+    )
+
+
+def _device_flags(g) -> None:
+    g.add_argument(
+        "--device",
+        choices=["cpu", "gpu"],
+        help="gpu: the engine's arrays in device memory, the update phase as CUDA kernels, "
+        "collectives staged through host (numba-cuda's simulator for now)" + _d("device"),
+    )
+    g.add_argument(
+        "--cuda-aware-mpi",
+        choices=["auto", "yes", "no"],
+        help="with --device gpu: ask the MPI library whether it reads device memory "
+        "(auto), or say so" + _d("cuda_aware_mpi"),
     )
 
 

@@ -59,12 +59,24 @@ def _section(key: str, v: Any) -> dict:
     return v
 
 
+def _one_of(*allowed: str):
+    def check(key: str, v: Any) -> str:
+        if v not in allowed:
+            raise ConfigError(f"config {key} = {v!r}: allowed are {', '.join(allowed)}")
+        return v
+
+    return check
+
+
 TOP_LEVEL = {
     "train_batch_size": ("batch_size", _int),
     "train_micro_batch_size_per_gpu": ("micro_batch_size", _int),
     "gradient_accumulation_steps": ("grad_accum", _int),
     "gradient_clipping": ("clip", lambda k, v: _num(k, v, 0.0)),
     "seed": ("seed", lambda k, v: _int(k, v, 0)),
+    # zero_ref's own keys (DeepSpeed picks the device from the launcher): docs/gpu.md
+    "device": ("device", _one_of("cpu", "gpu")),
+    "cuda_aware_mpi": ("cuda_aware_mpi", _one_of("auto", "yes", "no")),
 }
 OPTIMIZER_PARAMS = {
     "lr": lambda k, v: _num(k, v, 0.0),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from zero_ref.app.process_memory import PhasePeaks
-from zero_ref.comm.ledger import CommLedger, expected_sent_bytes, paper_sent_bytes
+from zero_ref.comm.ledger import COPY_KINDS, CommLedger, expected_sent_bytes, paper_sent_bytes
 from zero_ref.dtypes import ElementBytes
 from zero_ref.engine.memory import CATEGORIES, FP32, formula_bytes, paper_formula_bytes
 
@@ -14,6 +14,7 @@ def rank_report(engine, phases: PhasePeaks | None = None) -> dict:
         "rank": engine.rank,
         "memory_bytes": engine.memory.bytes_by_category(),
         "disk_bytes": engine.memory.disk_bytes_by_category(),
+        "device_bytes": engine.memory.device_bytes_by_category(),
         "peak_bytes": engine.memory.peak_bytes,
         "peak_by_category": dict(engine.memory.peak_by_category),
         "rss_baseline_bytes": phases.baseline if phases else None,
@@ -73,6 +74,11 @@ def memory_table(
     disk = max((sum(r.get("disk_bytes", {}).values()) for r in reports), default=0)
     if disk:
         lines.append(f"on disk (swap files, not in RAM): {_mib(disk).strip()} MiB per rank")
+    for r in reports:
+        on_device = r.get("device_bytes", {})
+        if any(on_device.values()):
+            cells = "".join(f" {_mib(on_device[c])}" for c in CATEGORIES)
+            lines.append(f"{r['rank']:>4}{cells} {_mib(sum(on_device.values()))}   <- on the GPU")
     paper = paper_formula_bytes(stage, numel, world)
     lines.append(f"paper, mixed precision K=12: {_mib(paper).strip()} MiB of model states per rank")
     return "\n".join(lines)
@@ -88,7 +94,7 @@ def comm_table(
 ) -> str:
     """Bytes each rank sent in the last step, by collective, beside the paper's volume
     and zero_ref's own schedule. unit_numels: the padded unit sizes, forward order."""
-    kinds = sorted({kind for r in reports for kind in r["comm_last_step"]})
+    kinds = sorted({k for r in reports for k in r["comm_last_step"]} - set(COPY_KINDS))
     lines = [
         "communication in the last step, bytes sent per rank "
         "(modelled: each call's buffer counts, priced as a ring algorithm moves them)",
@@ -99,6 +105,13 @@ def comm_table(
         cells = "".join(f"{int(step.get(kind, {}).get('sent_bytes', 0)):>16,}" for kind in kinds)
         lines.append(f"{r['rank']:>4} {cells}{CommLedger.step_sent_bytes(step):>16,}")
     lines += _volume_lines(stage, unit_numels, world, k, sizes)
+    for r in reports:
+        copied = [CommLedger.step_copied_bytes(r["comm_last_step"], kind) for kind in COPY_KINDS]
+        if any(copied):
+            lines.append(
+                f"rank {r['rank']} host <-> GPU copies (staging, not network): "
+                f"{copied[0]:,} bytes device to host, {copied[1]:,} host to device"
+            )
     return "\n".join(lines)
 
 

@@ -250,7 +250,12 @@ def comm_for(mpi_comm: MPI.Comm, cfg: ZeroConfig) -> Comm:
     """The Comm an engine with config `cfg` needs: its reduction policy and schedule
     checking both follow the config (the only place that maps one to the other)."""
     reduction = OrderedReduction() if cfg.deterministic else MPIReduction()
-    return Comm(mpi_comm, reduction, check_schedule=cfg.check_schedule)
+    comm = Comm(mpi_comm, reduction, check_schedule=cfg.check_schedule)
+    if cfg.device == "gpu":  # collectives on device arrays (docs/gpu.md)
+        from zero_ref.comm.staging import device_comm  # it imports this module
+
+        return device_comm(comm, cfg.cuda_aware_mpi)
+    return comm
 
 
 class MPIReduction:

@@ -28,6 +28,27 @@ from zero_ref.comm.collectives import Comm
 HostEmpty = Callable[[int, np.dtype], np.ndarray]  # np.empty, or numba.cuda.pinned_array
 
 
+def copy_out(device, host: np.ndarray) -> None:
+    """host <- device: a numba device array, a CuPy array, or (numba-cuda's simulator)
+    the NumPy view of a simulated one."""
+    if isinstance(device, np.ndarray):
+        np.copyto(host, device)
+    elif hasattr(device, "copy_to_host"):  # numba
+        device.copy_to_host(host)
+    else:  # CuPy  # pragma: no cover - needs a GPU
+        device.get(out=host)
+
+
+def copy_in(host: np.ndarray, device) -> None:
+    """device <- host (same length and dtype)."""
+    if isinstance(device, np.ndarray):
+        np.copyto(device, host)
+    elif hasattr(device, "copy_to_device"):  # numba
+        device.copy_to_device(host)
+    else:  # CuPy  # pragma: no cover - needs a GPU
+        device.set(host)
+
+
 class HostStaging:
     """Reused host buffers, one per slot (send, recv) and dtype, and the copies
     through them, each recorded in the ledger."""
@@ -55,7 +76,7 @@ class HostStaging:
         host = self.buffer(slot, device.shape[0], device.dtype)
         t0 = time.perf_counter()
         if host.size:
-            device.copy_to_host(host)
+            copy_out(device, host)
         self.comm.ledger.record_copy("device_to_host", host.nbytes, time.perf_counter() - t0)
         return host
 
@@ -63,32 +84,100 @@ class HostStaging:
         """device <- host (same length and dtype)."""
         t0 = time.perf_counter()
         if host.size:
-            device.copy_to_device(host)
+            copy_in(host, device)
         self.comm.ledger.record_copy("host_to_device", host.nbytes, time.perf_counter() - t0)
 
 
 class StagedComm:
-    """The collectives the engine runs, on device arrays, staged through HostStaging."""
+    """A Comm whose collectives take device arrays: each is staged through HostStaging
+    around the host Comm's own collective (so its sums, their order and its ledger
+    bytes are the host's). Everything else (small host exchanges such as the norm's
+    bins, the ledger, the context labels) is the host Comm's, unchanged."""
 
-    def __init__(self, comm: Comm, staging: HostStaging) -> None:
-        self.comm, self.staging = comm, staging
+    SEND, RECV = HostStaging.SEND, HostStaging.RECV
+
+    def __init__(self, comm: Comm, host_empty: HostEmpty | None = None, path: str = "") -> None:
+        self.host, self.staging = comm, HostStaging(comm, host_empty)
+        self.path = path  # how device buffers reach MPI, for the run's first line
+
+    def __getattr__(self, name: str):
+        return getattr(self.host, name)  # rank, size, ledger, reduction, allreduce_int64 ...
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in ("host", "staging", "path"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.host, name, value)  # check_schedule, context labels: the host's
 
     def allreduce_sum(self, buf) -> None:
         """buf <- the sum over ranks, in place."""
-        host = self.staging.to_host(buf, HostStaging.SEND)
-        self.comm.allreduce_sum(host)
+        host = self.staging.to_host(buf, self.SEND)
+        self.host.allreduce_sum(host)
         self.staging.to_device(host, buf)
+
+    def allreduce_sum_into(self, send, recv) -> None:
+        """recv <- sum over ranks of send (16-bit send, float32 recv)."""
+        host_send = self.staging.to_host(send, self.SEND)
+        host_recv = self.staging.buffer(self.RECV, recv.shape[0], recv.dtype)
+        self.host.allreduce_sum_into(host_send, host_recv)
+        self.staging.to_device(host_recv, recv)
 
     def reduce_scatter_sum(self, send, recv) -> None:
         """recv (n,) <- sum over ranks of their send[rank*n : (rank+1)*n]."""
-        host_send = self.staging.to_host(send, HostStaging.SEND)
-        host_recv = self.staging.buffer(HostStaging.RECV, recv.shape[0], recv.dtype)
-        self.comm.reduce_scatter_sum(host_send, host_recv)
+        host_send = self.staging.to_host(send, self.SEND)
+        host_recv = self.staging.buffer(self.RECV, recv.shape[0], recv.dtype)
+        self.host.reduce_scatter_sum(host_send, host_recv)
         self.staging.to_device(host_recv, recv)
 
     def allgather(self, send, recv, kind: str = "allgather") -> None:
         """recv (W*n,) <- every rank's send (n,), in rank order."""
-        host_send = self.staging.to_host(send, HostStaging.SEND)
-        host_recv = self.staging.buffer(HostStaging.RECV, recv.shape[0], recv.dtype)
-        self.comm.allgather(host_send, host_recv, kind)
+        host_send = self.staging.to_host(send, self.SEND)
+        host_recv = self.staging.buffer(self.RECV, recv.shape[0], recv.dtype)
+        self.host.allgather(host_send, host_recv, kind)
         self.staging.to_device(host_recv, recv)
+
+    def allgather_in_place(self, buf) -> None:
+        """buf (W*n,): block r <- rank r's block r, for every r."""
+        host = self.staging.to_host(buf, self.SEND)
+        self.host.allgather_in_place(host)
+        self.staging.to_device(host, buf)
+
+    def gather_to_root(self, send, recv, kind: str) -> None:
+        """recv (W*n,) on rank 0 <- every rank's send (n,); recv None elsewhere."""
+        host_send = self.staging.to_host(send, self.SEND)
+        host_recv = None
+        if recv is not None:
+            host_recv = self.staging.buffer(self.RECV, recv.shape[0], recv.dtype)
+        self.host.gather_to_root(host_send, host_recv, kind)
+        if recv is not None:
+            self.staging.to_device(host_recv, recv)
+
+    def ireduce_scatter_sum(self, send, recv):
+        raise NotImplementedError("non-blocking collectives on device arrays are not staged yet")
+
+    def iallgather(self, send, recv):
+        raise NotImplementedError("non-blocking collectives on device arrays are not staged yet")
+
+
+def device_comm(comm: Comm, cuda_aware_mpi: str) -> StagedComm:
+    """The Comm a --device gpu engine uses: the library asked whether it is CUDA-aware
+    and --cuda-aware-mpi resolved against its answer (zero_ref/gpu/mpi_support.py);
+    the direct path is not built yet, so device buffers are staged either way."""
+    from numba import cuda
+
+    from zero_ref.gpu.mpi_support import (
+        CudaAwareMPIError,
+        MPIPath,
+        choose_path,
+        library_says_cuda_aware,
+    )
+
+    path = choose_path(cuda_aware_mpi, library_says_cuda_aware())
+    if cuda_aware_mpi == "yes":
+        raise CudaAwareMPIError(
+            "--cuda-aware-mpi yes: passing device buffers to MPI directly is not built yet "
+            "(docs/gpu.md); use --cuda-aware-mpi auto or no (staged through host)"
+        )
+    if path.cuda_aware:
+        path = MPIPath(False, f"{path.reason}; the direct path is not built yet")
+    return StagedComm(comm, cuda.pinned_array, path.describe())

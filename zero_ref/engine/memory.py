@@ -39,6 +39,7 @@ class MemoryLedger:
     peak_bytes: int = 0
     peak_by_category: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
     on_disk: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # swap files
+    on_device: dict[str, dict[str, object]] = field(default_factory=dict)  # --device gpu
 
     def hold(self, category: str, name: str, array: np.ndarray) -> np.ndarray:
         if category not in self.held:
@@ -53,6 +54,18 @@ class MemoryLedger:
             raise ValueError(f"memory category {category!r} is not one of {CATEGORIES}")
         self.on_disk.setdefault(category, {})[name] = array
         return array
+
+    def hold_on_device(self, category: str, name: str, array) -> object:
+        """An array in GPU memory (--device gpu): counted apart from RAM."""
+        if category not in self.held:
+            raise ValueError(f"memory category {category!r} is not one of {CATEGORIES}")
+        self.on_device.setdefault(category, {})[name] = array
+        return array
+
+    def device_bytes_by_category(self) -> dict[str, int]:
+        return {
+            c: sum(int(a.nbytes) for a in self.on_device.get(c, {}).values()) for c in CATEGORIES
+        }
 
     def disk_bytes_by_category(self) -> dict[str, int]:
         return {c: sum(int(a.nbytes) for a in self.on_disk.get(c, {}).values()) for c in CATEGORIES}

@@ -6,8 +6,9 @@ memory ledger at creation, so what the ledger says a rank holds is what it
 allocated. Arrays live in this process's RAM, float32 unless the caller names
 a dtype (mixed precision: 16-bit parameters and gradients, zero_ref/engine/precision.py).
 Offloaded state is made by zero_ref/offload/nvme.py's NvmeStore instead (the
-same `zeros`, memory-mapped swap files, counted by the ledger as on disk); the
-GPU's device arrays will be another placement with the same methods.
+same `zeros`, memory-mapped swap files, counted by the ledger as on disk); with
+--device gpu, zero_ref/gpu/placement.py's DevicePlacement makes them in device
+memory instead (placement_for).
 """
 
 from __future__ import annotations
@@ -44,3 +45,12 @@ class HostPlacement:
         raw = self.zeros(category, name, numel + align // itemsize, dtype)
         skip = (-raw.__array_interface__["data"][0]) % align // itemsize
         return raw[skip : skip + numel]
+
+
+def placement_for(device: str, ledger: MemoryLedger):
+    """HostPlacement, or (device "gpu") the GPU path's DevicePlacement."""
+    if device == "gpu":
+        from zero_ref.gpu.placement import DevicePlacement  # numba.cuda only when asked
+
+        return DevicePlacement(ledger)
+    return HostPlacement(ledger)

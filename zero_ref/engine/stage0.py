@@ -28,10 +28,11 @@ import numpy as np
 from zero_ref.comm.collectives import Comm
 from zero_ref.config import ZeroConfig
 from zero_ref.dtypes import accumulate_rounded, round_into
+from zero_ref.engine.compute import OPTIMIZER_CHUNK, compute_for
 from zero_ref.engine.init_source import InitSource, as_init_source
 from zero_ref.engine.memory import MemoryLedger, offload_pool_numel, offload_pool_row_numel
 from zero_ref.engine.packing import unpack_full
-from zero_ref.engine.placement import HostPlacement
+from zero_ref.engine.placement import placement_for
 from zero_ref.engine.precision import Precision
 from zero_ref.layout.buckets import bucket_columns
 from zero_ref.layout.flat import FlatLayout, UnitLayout, model_layout, rank_rows, tensor_views
@@ -39,14 +40,13 @@ from zero_ref.models.unit import Model
 from zero_ref.offload.nvme import NvmeStore, swap_bytes
 from zero_ref.offload.pipeline import OffloadedUpdate
 from zero_ref.offload.swap_file import ALIGN
-from zero_ref.optim.adamw import adamw_kernel, adamw_scalars, with_lr
-from zero_ref.optim.gradnorm import clip_coefficient, global_grad_norm, unscale_and_clip
+from zero_ref.optim.adamw import adamw_scalars, with_lr
+from zero_ref.optim.gradnorm import clip_coefficient
 from zero_ref.optim.loss_scale import LossScaleState, initial_state, next_state
 from zero_ref.optim.nonfinite import NonFiniteGradientError, describe_full_index, locate_nonfinite
 
 StateSink = Callable[[str, UnitLayout, np.ndarray], None]  # (kind, unit, padded flat range)
 Owned = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-OPTIMIZER_CHUNK = 1 << 18  # elements the optimizer widens and updates at a time
 
 
 @dataclass(frozen=True)
@@ -71,13 +71,6 @@ def _check_comm_matches(comm: Comm, cfg: ZeroConfig) -> None:
         )
     if cfg.check_schedule:
         comm.check_schedule = True
-
-
-def unscaled_chunks(grad: np.ndarray, divisor: np.float32):
-    """float32 chunks of grad / divisor (one rounding each), OPTIMIZER_CHUNK at a time:
-    the averaged, unscaled gradient the norm and AdamW see, never whole in memory."""
-    for lo in range(0, grad.size, OPTIMIZER_CHUNK):
-        yield np.divide(grad[lo : lo + OPTIMIZER_CHUNK], divisor, dtype=np.float32)
 
 
 def accumulate(dst: np.ndarray, src: np.ndarray, first: bool) -> None:
@@ -105,7 +98,8 @@ class Stage0DataParallel:
         self.world, self.rank = comm.size, comm.rank
         self.layout: FlatLayout = model_layout(model, comm.size)
         self.memory = MemoryLedger()
-        self.place = HostPlacement(self.memory)  # where every model-sized array lives
+        self.place = placement_for(cfg.device, self.memory)  # where model-sized arrays live
+        self.compute = compute_for(cfg.device)  # where the update phase's kernels run
         self.precision = Precision.of(cfg)  # the dtype of each kind of array
         self.scaler: LossScaleState | None = None  # fp16's loss scaler
         if self.precision.scaled:
@@ -371,8 +365,7 @@ class Stage0DataParallel:
         owned = self.owned_slices()
         divisor = np.float32(self.world * self.cfg.grad_accum * self.loss_scale())
         grads = [g for _, g, _, _, _ in owned]
-        chunks = (g for grad in grads for g in unscaled_chunks(grad, divisor))
-        norm = global_grad_norm(chunks, self.norm_comm(), exact=self.cfg.deterministic)
+        norm = self.compute.grad_norm(grads, divisor, self.norm_comm(), self.cfg.deterministic)
         skip = not math.isfinite(norm) and self._skip_nonfinite(grads)
         if self.scaler is not None:
             self.scaler = next_state(self.cfg.loss_scale, self.scaler, overflow=skip)
@@ -383,11 +376,9 @@ class Stage0DataParallel:
         s = adamw_scalars(with_lr(self.cfg.optimizer, lr), self.step_count)
 
         def update(param, grad, master, exp_avg, exp_avg_sq) -> None:
-            """One piece: unscale, clip, AdamW on the master, round into the params."""
-            g = unscale_and_clip(grad, divisor, coef)  # a piece: RAM chunk or sub-group
-            adamw_kernel(master, g, exp_avg, exp_avg_sq, s)
-            if param.dtype != master.dtype:
-                round_into(param, master)  # the 16-bit copy of the update
+            """One piece (a RAM chunk or an offloaded sub-group): unscale, clip, AdamW on
+            the master, round into the params."""
+            self.compute.update(param, grad, master, exp_avg, exp_avg_sq, divisor, coef, s)
 
         if self.offloaded is not None:  # the state streams from swap files (docs/offload.md)
             self.offloaded.run(owned, update)
@@ -404,7 +395,9 @@ class Stage0DataParallel:
     def _skip_nonfinite(self, grads: list[np.ndarray]) -> bool:
         """Find the first NaN/Inf over all ranks; with fp16 (an overflow) or the "skip"
         policy return True, else ("raise") raise an error naming the parameter."""
-        full_index = locate_nonfinite(grads, self.layout, self.rank, self.norm_comm())
+        full_index = locate_nonfinite(
+            grads, self.layout, self.rank, self.norm_comm(), self.compute.first_nonfinite
+        )
         if full_index is None:
             return False  # finite gradients whose float32 norm overflowed: step as before
         if self.cfg.nonfinite == "skip" or self.scaler is not None:

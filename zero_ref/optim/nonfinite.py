@@ -67,12 +67,15 @@ def describe_full_index(layout: FlatLayout, full_index: int) -> str:
     raise IndexError(f"full index {full_index} is past the full buffer ({layout.full_numel})")
 
 
-def locate_nonfinite(grads: list[np.ndarray], layout: FlatLayout, rank: int, comm) -> int | None:
+def locate_nonfinite(
+    grads: list[np.ndarray], layout: FlatLayout, rank: int, comm, find=first_nonfinite
+) -> int | None:
     """Full index of the first NaN/Inf over every rank's owned gradient, the same on all ranks.
 
     comm: the zero_ref.comm.collectives.Comm holding the other ranks' shards, or None when
-    every rank holds the whole gradient (stage 0: all-reduced, identical)."""
-    position = first_nonfinite(grads)
+    every rank holds the whole gradient (stage 0: all-reduced, identical). find: the
+    search on this rank's gradients (first_nonfinite, or a device kernel's)."""
+    position = find(grads)
     mine = NOT_FOUND
     if position is not None:
         mine = owned_to_full_index(layout, rank, position, sharded=comm is not None)

@@ -1,0 +1,116 @@
+"""--device gpu (numba-cuda's simulator): the engine's arrays on the device, its update
+phase as CUDA kernels, its collectives staged through host buffers; deterministic runs
+bitwise the single-rank oracle and the CPU run, with the ledger's copies counted apart."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from tests.test_parity import (
+    BF16_FP32_ACCUM,
+    FP16_OVERFLOWING,
+    TINY_UNITS,
+    check_bitwise,
+    check_memory,
+    pinned,
+    run,
+)
+from zero_ref.comm.collectives import comm_for
+from zero_ref.config import ZeroConfig
+from zero_ref.engine import make_engine
+from zero_ref.gpu.device import DeviceSetupError, simulated
+from zero_ref.models.unit import init_params
+from zero_ref.testing.replay import ReplayModel
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not simulated(), reason="--device gpu runs in the simulator only"),
+]
+SMALL = [("u0", [("w", (6, 7)), ("s", ())]), ("u1", [("b", (11,)), ("c", (0,))])]
+
+
+def train(device: str, steps: int = 2, **cfg):
+    model = ReplayModel(SMALL)
+    config = ZeroConfig(deterministic=True, device=device, grad_accum=2, clip=0.5, **cfg)
+    engine = make_engine(model, init_params(model, 0), config, comm_for(MPI.COMM_SELF, config))
+    results = [
+        engine.train_step(model.contexts(1, step, 2, 1)[:, 0], np.zeros((2, 1)))
+        for step in range(steps)
+    ]
+    flat = np.concatenate([v.ravel() for v in engine.full_parameters().values()])
+    return flat, results, engine
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_a_gpu_run_is_bitwise_the_cpu_run(stage, precision):
+    cpu, cpu_steps, a = train("cpu", stage=stage, precision=precision)
+    gpu, gpu_steps, b = train("gpu", stage=stage, precision=precision)
+    assert np.array_equal(cpu.view(np.uint8), gpu.view(np.uint8))
+    assert repr(cpu_steps) == repr(gpu_steps)  # losses, norms (nan too), skips, loss scales
+    assert b.memory.bytes_by_category() == dict.fromkeys(a.memory.held, 0)  # nothing in RAM
+    assert b.memory.device_bytes_by_category() == a.memory.bytes_by_category()
+    last = b.comm.ledger.last_step()
+    assert last["device_to_host"]["copied_bytes"] > 0 and last["host_to_device"]["copied_bytes"] > 0
+    network = {k: v["sent_bytes"] for k, v in a.comm.ledger.last_step().items()}
+    assert {k: v["sent_bytes"] for k, v in last.items() if k in network} == network
+
+
+@pytest.mark.parametrize(
+    "drawn",
+    [
+        pinned(TINY_UNITS, stage=0, world=3, device="gpu"),
+        pinned(TINY_UNITS, stage=1, world=2, device="gpu", precision=FP16_OVERFLOWING),
+        pinned(TINY_UNITS, stage=2, world=3, device="gpu", precision=BF16_FP32_ACCUM),
+        pinned(TINY_UNITS, stage=3, world=4, device="gpu", bucket_numel=5),
+    ],
+    ids=["stage0-w3", "stage1-w2-fp16", "stage2-w3-bf16", "stage3-w4"],
+)
+def test_gpu_runs_on_several_ranks_are_bitwise_the_oracle(mpi_pools, drawn):
+    result = run(mpi_pools, drawn)
+    check_bitwise(result)
+    check_memory(result, drawn["world"])
+    for held, on_device in zip(result["memory"], result["device_memory"], strict=True):
+        formula = result["formula"]
+        assert {c: on_device[c] for c in formula} == formula and not any(held.values())
+
+
+def test_without_a_gpu_the_error_says_what_is_missing(monkeypatch):
+    import numba
+
+    from zero_ref.gpu.device import check_usable
+
+    monkeypatch.setattr(numba.config, "ENABLE_CUDASIM", 0)
+    with pytest.raises(DeviceSetupError, match=r"no usable CUDA GPU|needs CuPy|not built yet"):
+        check_usable()
+
+
+def test_gpu_with_nvme_offload_is_refused_by_name():
+    with pytest.raises(ValueError, match="device='gpu' is not allowed"):
+        ZeroConfig(stage=3, device="gpu", offload_optimizer="nvme", nvme_path="/tmp")
+
+
+def test_forcing_cuda_aware_mpi_on_the_pypi_mpich_is_one_message_and_exit_2():
+    """Bad input found before training: one line from rank 0, exit 2, no traceback."""
+    from tests.mpi_pool import mpirun_command, run_watched
+
+    job = run_watched(
+        mpirun_command(
+            2, "-m", "zero_ref.train", "--model", "mlp", "--steps", "1",
+            "--device", "gpu", "--cuda-aware-mpi", "yes",
+        )
+    )  # fmt: skip
+    assert job.returncode == 2, job.stderr[-2000:]
+    assert job.stderr.count("says it is not CUDA-aware") == 1, job.stderr[-2000:]
+    assert "Traceback" not in job.stderr
+
+
+def test_the_config_file_names_the_device():
+    from zero_ref.app.ds_config import ConfigError, parse_config
+
+    parsed = parse_config({"device": "gpu", "cuda_aware_mpi": "no"})
+    assert parsed.settings["device"] == "gpu" and parsed.settings["cuda_aware_mpi"] == "no"
+    with pytest.raises(ConfigError, match="allowed are cpu, gpu"):
+        parse_config({"device": "tpu"})

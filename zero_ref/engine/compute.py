@@ -1,0 +1,63 @@
+"""Where the update phase's elementwise work runs: a policy every stage plugs in.
+
+The update phase (ZeRO, Sec. 5) is the same at every stage: the averaged,
+unscaled gradient's global norm, the search for a NaN/Inf when it is not
+finite, and AdamW on the owned slices, the 16-bit parameters rounded from the
+updated master weights. HostCompute runs it with the CPU kernels of
+zero_ref/optim (Numba, each beside its NumPy twin); the GPU path's
+DeviceCompute (zero_ref/gpu/compute.py) has the same methods and runs it with
+the CUDA kernels that are bitwise those twins, on device arrays. A stage calls
+`self.compute`; it never asks where it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from zero_ref.dtypes import round_into
+from zero_ref.optim.adamw import adamw_kernel
+from zero_ref.optim.gradnorm import global_grad_norm, unscale_and_clip
+from zero_ref.optim.nonfinite import first_nonfinite
+
+OPTIMIZER_CHUNK = 1 << 18  # elements the optimizer widens and updates at a time
+
+
+def unscaled_chunks(grad: np.ndarray, divisor: np.float32) -> Iterator[np.ndarray]:
+    """float32 chunks of grad / divisor (one rounding each), OPTIMIZER_CHUNK at a time:
+    the averaged, unscaled gradient the norm and AdamW see, never whole in memory."""
+    for lo in range(0, grad.size, OPTIMIZER_CHUNK):
+        yield np.divide(grad[lo : lo + OPTIMIZER_CHUNK], divisor, dtype=np.float32)
+
+
+class HostCompute:
+    """The CPU path: Numba kernels and NumPy, on arrays in RAM (or swap files)."""
+
+    def grad_norm(
+        self, grads: Sequence[np.ndarray], divisor: np.float32, comm, exact: bool
+    ) -> float:
+        """Global L2 norm of the owned gradients / divisor over every rank (comm None:
+        this rank holds all of it)."""
+        chunks = (g for grad in grads for g in unscaled_chunks(grad, divisor))
+        return global_grad_norm(chunks, comm, exact=exact)
+
+    def first_nonfinite(self, grads: Sequence[np.ndarray]) -> int | None:
+        """Position of the first NaN/Inf in the owned gradients, or None."""
+        return first_nonfinite(list(grads))
+
+    def update(self, param, grad, master, exp_avg, exp_avg_sq, divisor, coef, s) -> None:
+        """One piece: unscale, clip, AdamW on the master, round into the params."""
+        g = unscale_and_clip(grad, divisor, coef)
+        adamw_kernel(master, g, exp_avg, exp_avg_sq, s)
+        if param.dtype != master.dtype:
+            round_into(param, master)  # the 16-bit copy of the update
+
+
+def compute_for(device: str):
+    """HostCompute, or (device "gpu") the GPU path's DeviceCompute."""
+    if device == "gpu":
+        from zero_ref.gpu.compute import DeviceCompute  # numba.cuda only when asked
+
+        return DeviceCompute()
+    return HostCompute()

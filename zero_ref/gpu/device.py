@@ -1,0 +1,64 @@
+"""Which device a `--device gpu` run uses, checked before anything is allocated, and the
+array module its arrays are seen through (docs/gpu.md).
+
+The engine's arrays are numba.cuda device arrays; the engine and the model read
+and write them through an array module that shares their memory without a copy:
+CuPy on a GPU (`cupy.asarray` of a numba device array, by
+`__cuda_array_interface__`), NumPy in numba-cuda's simulator (a simulated device
+array is a NumPy array underneath, and `numpy.asarray` of it is that array).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import numba
+import numpy as np
+
+
+class DeviceSetupError(ValueError):
+    """--device gpu cannot run here: bad input, one message before training."""
+
+
+def cupy():
+    """CuPy, imported on first use. Its import name is `cupy`; it is installed as the
+    distribution `cupy-cuda12x` by the `gpu` extra (pyproject.toml), a name no tool can
+    map back to `cupy` on a machine where it is not installed, hence import_module."""
+    return importlib.import_module("cupy")
+
+
+def simulated() -> bool:
+    return bool(numba.config.ENABLE_CUDASIM)
+
+
+def check_usable() -> str:
+    """What the run will use, for its first line; DeviceSetupError when nothing usable."""
+    from numba import cuda
+
+    if simulated():
+        return "numba-cuda simulator (NUMBA_ENABLE_CUDASIM=1: device arrays in host memory)"
+    if not cuda.is_available():
+        raise DeviceSetupError(
+            "--device gpu: no usable CUDA GPU (numba.cuda.is_available() is False: no NVIDIA "
+            "driver or device). Install the GPU extra on a machine with one: "
+            "pip install -e '.[gpu]'; or run the GPU path in numba-cuda's simulator with "
+            "NUMBA_ENABLE_CUDASIM=1."
+        )
+    try:
+        cupy()
+    except ImportError as e:
+        raise DeviceSetupError(
+            f"--device gpu needs CuPy for the model's math ({e}): pip install -e '.[gpu]'"
+        ) from e
+    raise DeviceSetupError(
+        "--device gpu on a real GPU: the model's math through CuPy is not built yet "
+        "(docs/gpu.md, 'Not built yet'); the GPU path runs in numba-cuda's simulator: "
+        "NUMBA_ENABLE_CUDASIM=1."
+    )
+
+
+def as_array(device_array):
+    """The array the engine computes on: a view of device_array's memory, no copy."""
+    if simulated():
+        return np.asarray(device_array)
+    return cupy().asarray(device_array)  # pragma: no cover - needs a GPU

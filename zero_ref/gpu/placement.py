@@ -1,0 +1,42 @@
+"""Model-sized arrays in device memory: the GPU path's placement (docs/gpu.md).
+
+The same methods as zero_ref/engine/placement.py's HostPlacement, so a stage does
+not know where its arrays live. Each array is a numba.cuda device array, seen
+by the engine through the device's array module (zero_ref/gpu/device.py), and
+registered with the memory ledger as held on the device, apart from RAM.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from zero_ref.engine.memory import MemoryLedger
+from zero_ref.gpu import device
+from zero_ref.gpu.device import as_array, check_usable
+
+
+class DevicePlacement:
+    """Arrays in device memory, each registered with the ledger under its category."""
+
+    def __init__(self, ledger: MemoryLedger) -> None:
+        self.description = check_usable()  # DeviceSetupError before anything is allocated
+        self.ledger = ledger
+
+    def empty(self, category: str, name: str, numel: int, dtype: np.dtype = np.float32):
+        """A new 1-D device array whose contents the caller fills before reading."""
+        dtype = np.dtype(dtype)
+        storage = np.uint16 if dtype.name == "bfloat16" else dtype  # numba has no bfloat16
+        array = as_array(cuda.device_array(numel, storage))
+        if device.simulated():  # a NumPy view: bfloat16 again (on a GPU, CuPy has none)
+            array = array.view(dtype)
+        return self.ledger.hold_on_device(category, name, array)
+
+    def zeros(self, category: str, name: str, numel: int, dtype: np.dtype = np.float32):
+        """A new zero-filled 1-D device array, held under `category` as `name`."""
+        array = self.empty(category, name, numel, dtype)
+        array[...] = 0
+        return array
+
+    def aligned_zeros(self, category: str, name: str, numel: int, dtype, align: int):
+        raise NotImplementedError("aligned buffers are for NVMe offload, not built on the GPU")
