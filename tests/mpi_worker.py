@@ -158,10 +158,13 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
 
 def offload_settings(case: dict) -> dict:
     """ZeroConfig's offload fields for a case with "offload": {sub_group_size,
-    buffer_count}: the optimizer state in swap files under the temp folder."""
+    buffer_count}: the optimizer state in swap files under the temp folder; or
+    "offload": "cpu" (with "device": "gpu"): ZeRO-Offload."""
     offload = case.get("offload")
     if not offload:
         return {}
+    if offload == "cpu":
+        return {"offload_optimizer": "cpu"}
     return {"offload_optimizer": "nvme", "nvme_path": tempfile.gettempdir(), **offload}
 
 

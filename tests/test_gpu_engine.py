@@ -28,6 +28,7 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not simulated(), reason="--device gpu runs in the simulator only"),
 ]
+BF16 = {"precision": "bf16"}
 SMALL = [("u0", [("w", (6, 7)), ("s", ())]), ("u1", [("b", (11,)), ("c", (0,))])]
 
 
@@ -77,6 +78,37 @@ def test_gpu_runs_on_several_ranks_are_bitwise_the_oracle(mpi_pools, drawn):
         assert {c: on_device[c] for c in formula} == formula and not any(held.values())
 
 
+@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_zero_offload_is_bitwise_the_cpu_run_and_moves_4_psi_over_n(stage, precision):
+    """--offload-optimizer cpu: the fp32 state in RAM, the 16-bit params and grads on the
+    device; each step's gradient shard down and parameter shard up, counted apart."""
+    cpu, cpu_steps, a = train("cpu", steps=3, stage=stage, precision=precision)
+    gpu, gpu_steps, b = train(
+        "gpu", steps=3, stage=stage, precision=precision, offload_optimizer="cpu"
+    )
+    assert np.array_equal(cpu.view(np.uint8), gpu.view(np.uint8))
+    assert repr(cpu_steps) == repr(gpu_steps)
+    in_ram, on_device = b.memory.bytes_by_category(), b.memory.device_bytes_by_category()
+    assert in_ram["optimizer"] == a.memory.bytes_by_category()["optimizer"]
+    assert (
+        on_device["optimizer"] == 0
+        and on_device["params"] == a.memory.bytes_by_category()["params"]
+    )
+    shard_bytes = sum(p.nbytes for p, *_ in b.owned_slices())  # 16-bit: 2 Psi / N
+    last, skipped = b.comm.ledger.last_step(), gpu_steps[-1].skipped
+    assert last["offload_grads_to_host"]["copied_bytes"] == shard_bytes
+    up = last.get("offload_params_to_device", {}).get("copied_bytes", 0)
+    assert up == (0 if skipped else shard_bytes)
+
+
+def test_zero_offload_on_several_ranks_is_bitwise_the_oracle(mpi_pools):
+    drawn = pinned(TINY_UNITS, stage=2, world=3, device="gpu", offload="cpu", precision=BF16)
+    result = run(mpi_pools, drawn)
+    check_bitwise(result)
+    check_memory(result, drawn["world"])
+
+
 def test_without_a_gpu_the_error_says_what_is_missing(monkeypatch):
     import numba
 
@@ -114,3 +146,8 @@ def test_the_config_file_names_the_device():
     assert parsed.settings["device"] == "gpu" and parsed.settings["cuda_aware_mpi"] == "no"
     with pytest.raises(ConfigError, match="allowed are cpu, gpu"):
         parse_config({"device": "tpu"})
+    offload = {"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}
+    assert parse_config({"device": "gpu", **offload}).settings["offload_optimizer"] == "cpu"
+    on_cpu = parse_config(offload)  # the state is in RAM already: a note, not an error
+    assert "offload_optimizer" not in on_cpu.settings
+    assert "ZeRO-Offload is the GPU path's" in "\n".join(on_cpu.not_implemented)

@@ -267,10 +267,11 @@ def check_memory(result: dict, world: int) -> None:
     for rank, (held, on_disk, on_device) in enumerate(tiers):
         for category, formula in result["formula"].items():
             elsewhere = on_disk if on_disk[category] else on_device
-            where = elsewhere if elsewhere[category] else held
-            assert where[category] == formula, f"rank {rank} {category}: {where} vs {formula}"
-            if elsewhere[category]:
-                assert held[category] == 0, f"rank {rank}: {category} also in RAM"
+            if not elsewhere[category]:  # in RAM (also: ZeRO-Offload's optimizer state)
+                elsewhere = held
+            assert elsewhere[category] == formula, f"rank {rank} {category}: {formula} vs {held}"
+            tiers = [t for t in (held, on_disk, on_device) if t[category]]
+            assert len(tiers) <= 1, f"rank {rank}: {category} in two places: {tiers}"
 
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -16,6 +16,7 @@ STAGES = (0, 1, 2, 3)
 NONFINITE_POLICIES = ("raise", "skip")  # see zero_ref/optim/nonfinite.py
 PRECISIONS = ("fp32", "fp16", "bf16")  # see zero_ref/engine/precision.py
 OFFLOAD_DEVICES = ("none", "nvme")  # see zero_ref/offload/
+OPTIMIZER_OFFLOAD = (*OFFLOAD_DEVICES, "cpu")  # cpu: ZeRO-Offload, the GPU path's (docs/gpu.md)
 DEVICES = ("cpu", "gpu")  # where the engine's arrays live (docs/gpu.md)
 CUDA_AWARE_CHOICES = ("auto", "yes", "no")
 
@@ -81,7 +82,10 @@ class ZeroConfig:
                   (the precision's own) or "fp32" (with fp16/bf16: fp32 gradients).
     communication_data_type  dtype gradients are reduced in on the wire: None (the
                   gradients' own), or "fp32", "fp16", "bf16".
-    offload_optimizer  "nvme": the optimizer's float32 state (master weights, m, v)
+    offload_optimizer  "cpu" (device "gpu", fp16/bf16: ZeRO-Offload): the optimizer's
+                  float32 state in host memory, updated there by the CPU AdamW; each
+                  step the 16-bit gradient shard comes down, the 16-bit parameters go up.
+                  "nvme": the optimizer's float32 state (master weights, m, v)
                   lives in memory-mapped files under nvme_path and streams through
                   a pool of buffer_count sub-groups of sub_group_size elements
                   each step (stages 1-3; docs/offload.md). "none": in RAM.
@@ -172,6 +176,16 @@ class ZeroConfig:
             self.cuda_aware_mpi,
             "'auto', 'yes' or 'no'",
         )
+        if self.offload_optimizer == "cpu":
+            _require(
+                self.device == "gpu" and self.stage >= 1 and self.precision != "fp32",
+                "offload_optimizer",
+                self.offload_optimizer,
+                "'none' or 'nvme' here: 'cpu' (ZeRO-Offload: fp32 master weights and AdamW "
+                "state in host memory, 16-bit parameters and gradients on the GPU) needs "
+                "device 'gpu', stage 1-3 and precision fp16 or bf16; on the CPU path the "
+                "state is in RAM already",
+            )
         if self.device == "gpu":
             _require(
                 "nvme" not in (self.offload_optimizer, self.offload_param),
@@ -183,10 +197,10 @@ class ZeroConfig:
     def _check_offload(self) -> None:
         devices = " or ".join(repr(d) for d in OFFLOAD_DEVICES)
         _require(
-            self.offload_optimizer in OFFLOAD_DEVICES,
+            self.offload_optimizer in OPTIMIZER_OFFLOAD,
             "offload_optimizer",
             self.offload_optimizer,
-            devices,
+            devices + " or 'cpu' (with device 'gpu')",
         )
         _require(
             _positive_int(self.sub_group_size),

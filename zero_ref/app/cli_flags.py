@@ -243,9 +243,10 @@ def _device_flags(g) -> None:
 def _offload_flags(g) -> None:
     g.add_argument(
         "--offload-optimizer",
-        choices=["none", "nvme"],
+        choices=["none", "nvme", "cpu"],
         help="nvme: the optimizer's fp32 state (master, m, v) in swap files under "
-        "--nvme-path, streamed through a buffer pool each step (stages 1-3)"
+        "--nvme-path, streamed through a buffer pool each step (stages 1-3); cpu (with "
+        "--device gpu, fp16/bf16): ZeRO-Offload, the state and its update on the CPU"
         + _d("offload_optimizer"),
     )
     g.add_argument(

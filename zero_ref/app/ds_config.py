@@ -172,7 +172,23 @@ def parse_config(raw: dict) -> ParsedConfig:
             out.no_effect.append(key)
         else:
             out.unknown.append(key)
+    _resolve_cpu_offload(out)
     return out
+
+
+def _resolve_cpu_offload(out: ParsedConfig) -> None:
+    """offload_optimizer.device cpu is ZeRO-Offload with "device": "gpu"; on the CPU path
+    the optimizer state is in RAM already, so there it only gets a note."""
+    name = out.settings.pop("offload_optimizer_cpu", None)
+    if name is None:
+        return
+    if out.settings.get("device") == "gpu":
+        out.settings["offload_optimizer"] = "cpu"
+    else:
+        out.not_implemented.append(
+            f'{name} = cpu (ZeRO-Offload is the GPU path\'s, with "device": "gpu"; '
+            "on the CPU path the state is in RAM already)"
+        )
 
 
 def _checkpoint(section: dict, out: ParsedConfig) -> None:
@@ -267,8 +283,10 @@ def _offload(block: str, section: dict, out: ParsedConfig) -> None:
         if key == "device":
             if value not in ("none", "nvme", "cpu"):
                 raise ConfigError(f"config {name} = {value!r}: allowed 'none', 'nvme', 'cpu'")
-            if value == "cpu":
-                out.not_implemented.append(f"{name} = cpu (the GPU path's; on CPU use nvme)")
+            if value == "cpu" and block == "offload_optimizer":
+                out.settings["offload_optimizer_cpu"] = name  # resolved with "device" below
+            elif value == "cpu":
+                out.not_implemented.append(f"{name} = cpu (parameters on the CPU: not built)")
             else:
                 out.settings[block] = value
         elif key == "nvme_path":

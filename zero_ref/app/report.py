@@ -106,11 +106,18 @@ def comm_table(
         lines.append(f"{r['rank']:>4} {cells}{CommLedger.step_sent_bytes(step):>16,}")
     lines += _volume_lines(stage, unit_numels, world, k, sizes)
     for r in reports:
-        copied = [CommLedger.step_copied_bytes(r["comm_last_step"], kind) for kind in COPY_KINDS]
-        if any(copied):
+        down, up, grads, params = (
+            CommLedger.step_copied_bytes(r["comm_last_step"], kind) for kind in COPY_KINDS
+        )
+        if down or up:
             lines.append(
                 f"rank {r['rank']} host <-> GPU copies (staging, not network): "
-                f"{copied[0]:,} bytes device to host, {copied[1]:,} host to device"
+                f"{down:,} bytes device to host, {up:,} host to device"
+            )
+        if grads or params:
+            lines.append(
+                f"rank {r['rank']} ZeRO-Offload over PCIe: {grads:,} bytes of gradients "
+                f"down, {params:,} of parameters up"
             )
     return "\n".join(lines)
 

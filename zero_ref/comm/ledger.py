@@ -22,7 +22,14 @@ from dataclasses import dataclass, field
 
 from zero_ref.dtypes import FP32, ElementBytes
 
-COPY_KINDS = ("device_to_host", "host_to_device")  # the GPU path's PCIe copies
+# The GPU path's PCIe copies: collectives staged through host memory, and ZeRO-Offload's
+# gradients down to the CPU optimizer and parameters back up.
+COPY_KINDS = (
+    "device_to_host",
+    "host_to_device",
+    "offload_grads_to_host",
+    "offload_params_to_device",
+)
 
 
 @dataclass

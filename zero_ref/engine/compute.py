@@ -34,6 +34,13 @@ def unscaled_chunks(grad: np.ndarray, divisor: np.float32) -> Iterator[np.ndarra
 class HostCompute:
     """The CPU path: Numba kernels and NumPy, on arrays in RAM (or swap files)."""
 
+    def owned_for_update(self, owned: list) -> list:
+        """The (param, grad, master, m, v) slices the update runs on: these ones."""
+        return owned
+
+    def finish_update(self) -> None:
+        """After an update that was not skipped: nothing to move."""
+
     def grad_norm(
         self, grads: Sequence[np.ndarray], divisor: np.float32, comm, exact: bool
     ) -> float:
@@ -54,8 +61,14 @@ class HostCompute:
             round_into(param, master)  # the 16-bit copy of the update
 
 
-def compute_for(device: str):
-    """HostCompute, or (device "gpu") the GPU path's DeviceCompute."""
+def compute_for(device: str, offload_optimizer: str, place, ledger):
+    """HostCompute; with device "gpu" the GPU path's DeviceCompute, or with the optimizer
+    offloaded to the CPU (ZeRO-Offload) CpuOffloadCompute. place: where the latter keeps
+    its host copies (a HostPlacement); ledger: the communication ledger for its copies."""
+    if device == "gpu" and offload_optimizer == "cpu":
+        from zero_ref.gpu.cpu_offload import CpuOffloadCompute
+
+        return CpuOffloadCompute(place, ledger)
     if device == "gpu":
         from zero_ref.gpu.compute import DeviceCompute  # numba.cuda only when asked
 

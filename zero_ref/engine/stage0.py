@@ -32,7 +32,7 @@ from zero_ref.engine.compute import OPTIMIZER_CHUNK, compute_for
 from zero_ref.engine.init_source import InitSource, as_init_source
 from zero_ref.engine.memory import MemoryLedger, offload_pool_numel, offload_pool_row_numel
 from zero_ref.engine.packing import unpack_full
-from zero_ref.engine.placement import placement_for
+from zero_ref.engine.placement import HostPlacement, placement_for
 from zero_ref.engine.precision import Precision
 from zero_ref.layout.buckets import bucket_columns
 from zero_ref.layout.flat import FlatLayout, UnitLayout, model_layout, rank_rows, tensor_views
@@ -99,7 +99,8 @@ class Stage0DataParallel:
         self.layout: FlatLayout = model_layout(model, comm.size)
         self.memory = MemoryLedger()
         self.place = placement_for(cfg.device, self.memory)  # where model-sized arrays live
-        self.compute = compute_for(cfg.device)  # where the update phase's kernels run
+        self.host = HostPlacement(self.memory)  # RAM, whatever the device (ZeRO-Offload)
+        self.compute = compute_for(cfg.device, cfg.offload_optimizer, self.host, comm.ledger)
         self.precision = Precision.of(cfg)  # the dtype of each kind of array
         self.scaler: LossScaleState | None = None  # fp16's loss scaler
         if self.precision.scaled:
@@ -168,7 +169,10 @@ class Stage0DataParallel:
 
     # ---- optimizer offload (ZeRO-Infinity's NVMe tier: zero_ref/offload/)
     def _optimizer_array(self, name: str) -> np.ndarray:
-        """A float32 optimizer array of this rank's size: in RAM, or in a swap file."""
+        """A float32 optimizer array of this rank's size: where the model's arrays are,
+        in host memory (ZeRO-Offload, --offload-optimizer cpu), or in a swap file."""
+        if self.cfg.offload_optimizer == "cpu":
+            return self.host.zeros("optimizer", name, self._optimizer_numel())
         if self.nvme is None:
             return self.place.zeros("optimizer", name, self._optimizer_numel())
         return self.nvme.zeros("optimizer", name, self._optimizer_numel())
@@ -360,9 +364,11 @@ class Stage0DataParallel:
         rank) means a NaN/Inf somewhere: with fp16 an overflow, and the step is
         skipped; otherwise the `nonfinite` policy raises or skips. A skipped step
         leaves params, optimizer state and the step count untouched on every rank.
-        fp16's scaler then moves (zero_ref/optim/loss_scale.py)."""
+        fp16's scaler then moves (zero_ref/optim/loss_scale.py). The compute policy
+        says where it runs: on the update's own arrays, or (ZeRO-Offload) on host
+        copies of the gradients, the parameters moved back up after."""
         self.comm.set_context(where="optimizer step")
-        owned = self.owned_slices()
+        owned = self.compute.owned_for_update(self.owned_slices())
         divisor = np.float32(self.world * self.cfg.grad_accum * self.loss_scale())
         grads = [g for _, g, _, _, _ in owned]
         norm = self.compute.grad_norm(grads, divisor, self.norm_comm(), self.cfg.deterministic)
@@ -389,6 +395,7 @@ class Stage0DataParallel:
                     update(
                         param[lo:hi], grad[lo:hi], master[lo:hi], exp_avg[lo:hi], exp_avg_sq[lo:hi]
                     )
+        self.compute.finish_update()
         self.after_update()
         return norm
 

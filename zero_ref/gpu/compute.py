@@ -43,6 +43,12 @@ def _float32_pieces(grad, divisor: np.float32, coef: np.float32):
 class DeviceCompute:
     """The GPU path's update phase: CUDA kernels on device arrays."""
 
+    def owned_for_update(self, owned: list) -> list:
+        return owned  # the update runs where the state lives: on the device
+
+    def finish_update(self) -> None:
+        """Nothing to move."""
+
     def grad_norm(self, grads: Sequence, divisor: np.float32, comm, exact: bool) -> float:
         """The exact global norm (see the module docstring), bins summed over ranks."""
         bins = np.zeros(BIN_SHAPE, np.int64)

@@ -1,0 +1,65 @@
+"""ZeRO-Offload (Ren et al., 2021): the optimizer's fp32 state in host memory, the step
+on the CPU, the GPU keeping only 16-bit parameters and gradients.
+
+With `--device gpu --offload-optimizer cpu` (fp16 or bf16) each rank's master
+weights, m and v are host arrays (its shard of them: ZeRO's partitioning still
+applies). Each optimizer step moves this rank's 16-bit gradient shard down to
+host copies, runs the CPU path's update on them (HostCompute: the global norm,
+the NaN/Inf search, unscale and clip, the Numba AdamW on the master weights,
+rounding into 16-bit parameters), and moves the updated 16-bit parameter
+shard back up: 2 Psi / N bytes each way per rank (with 16-bit gradients), the
+paper's 4 Psi of PCIe traffic per step summed over the ranks' shards. The
+ledger records them as offload_grads_to_host and offload_params_to_device,
+apart from network bytes. Results are bitwise the CPU path's: the same kernels
+run on the same values; only where they run changes.
+"""
+
+from __future__ import annotations
+
+import time
+
+from zero_ref.comm.ledger import CommLedger
+from zero_ref.comm.staging import copy_in, copy_out
+from zero_ref.engine.compute import HostCompute
+
+
+class CpuOffloadCompute(HostCompute):
+    """HostCompute on host copies of the device's gradients and parameters."""
+
+    def __init__(self, place, ledger: CommLedger) -> None:
+        self.place, self.ledger = place, ledger  # place: a HostPlacement for the copies
+        self.host: dict[int, tuple] = {}  # slice index -> (host param, host grad), reused
+        self.pending: list[tuple] = []  # (device param, host param) to move up after update
+
+    def owned_for_update(self, owned: list) -> list:
+        """Each slice's gradient copied down; the update writes host parameter copies."""
+        on_host, self.pending = [], []
+        for i, (param, grad, master, exp_avg, exp_avg_sq) in enumerate(owned):
+            host_param, host_grad = self._host_copies(i, param, grad)
+            self._copy("offload_grads_to_host", lambda g=grad, h=host_grad: copy_out(g, h), grad)
+            on_host.append((host_param, host_grad, master, exp_avg, exp_avg_sq))
+            self.pending.append((param, host_param))
+        return on_host
+
+    def finish_update(self) -> None:
+        """The updated 16-bit parameters back up to the device."""
+        for param, host_param in self.pending:
+            self._copy(
+                "offload_params_to_device", lambda h=host_param, p=param: copy_in(h, p), param
+            )
+        self.pending = []
+
+    def _host_copies(self, i: int, param, grad) -> tuple:
+        """Slice i's host parameter and gradient buffers (made once, in the ledger)."""
+        if i not in self.host:
+            self.host[i] = (
+                self.place.empty("buffers", f"offload_params_{i}", param.shape[0], param.dtype),
+                self.place.empty("buffers", f"offload_grads_{i}", grad.shape[0], grad.dtype),
+            )
+        return self.host[i]
+
+    def _copy(self, kind: str, move, array) -> None:
+        t0 = time.perf_counter()
+        if array.shape[0]:
+            move()
+        self.ledger.record_copy(kind, array.nbytes, time.perf_counter() - t0)
