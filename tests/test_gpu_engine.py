@@ -151,3 +151,37 @@ def test_the_config_file_names_the_device():
     on_cpu = parse_config(offload)  # the state is in RAM already: a note, not an error
     assert "offload_optimizer" not in on_cpu.settings
     assert "ZeRO-Offload is the GPU path's" in "\n".join(on_cpu.not_implemented)
+
+
+class CudaAPIError(Exception):
+    """Stands in for numba's error type on a real GPU (the simulator never runs out)."""
+
+
+def out_of_memory_after(monkeypatch, calls: int) -> None:
+    """numba.cuda.device_array fails as a full GPU does, from call `calls` on."""
+    from numba import cuda
+
+    real, count = cuda.device_array, [0]
+
+    def device_array(*args, **kwargs):
+        count[0] += 1
+        if count[0] >= calls:
+            raise CudaAPIError("[2] Call to cuMemAlloc results in CUDA_ERROR_OUT_OF_MEMORY")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cuda, "device_array", device_array)
+
+
+def test_out_of_gpu_memory_names_the_rank_the_step_and_the_array(monkeypatch):
+    from zero_ref.gpu.device import DeviceOutOfMemory
+
+    out_of_memory_after(monkeypatch, 3)
+    with pytest.raises(DeviceOutOfMemory, match=r"rank 0, set-up .*allocating \w+ array \w+"):
+        train("gpu", stage=2, precision="bf16")
+    monkeypatch.undo()
+    model = ReplayModel(SMALL)
+    config = ZeroConfig(deterministic=True, device="gpu", stage=2)
+    engine = make_engine(model, init_params(model, 0), config, comm_for(MPI.COMM_SELF, config))
+    out_of_memory_after(monkeypatch, 1)  # the update's scratch, in step 1
+    with pytest.raises(DeviceOutOfMemory, match=r"rank 0, step 1: .*gradient scratch \(\d+ bytes"):
+        engine.train_step(model.contexts(1, 0, 1, 1)[:, 0], np.zeros((1, 1)))

@@ -61,10 +61,11 @@ class HostCompute:
             round_into(param, master)  # the 16-bit copy of the update
 
 
-def compute_for(device: str, offload_optimizer: str, place, ledger):
+def compute_for(device: str, offload_optimizer: str, place, ledger, where):
     """HostCompute; with device "gpu" the GPU path's DeviceCompute, or with the optimizer
     offloaded to the CPU (ZeRO-Offload) CpuOffloadCompute. place: where the latter keeps
-    its host copies (a HostPlacement); ledger: the communication ledger for its copies."""
+    its host copies (a HostPlacement); ledger: the communication ledger for its copies;
+    where: "rank r, step s", for a device out-of-memory message."""
     if device == "gpu" and offload_optimizer == "cpu":
         from zero_ref.gpu.cpu_offload import CpuOffloadCompute
 
@@ -72,5 +73,5 @@ def compute_for(device: str, offload_optimizer: str, place, ledger):
     if device == "gpu":
         from zero_ref.gpu.compute import DeviceCompute  # numba.cuda only when asked
 
-        return DeviceCompute()
+        return DeviceCompute(where)
     return HostCompute()

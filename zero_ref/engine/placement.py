@@ -47,10 +47,11 @@ class HostPlacement:
         return raw[skip : skip + numel]
 
 
-def placement_for(device: str, ledger: MemoryLedger):
-    """HostPlacement, or (device "gpu") the GPU path's DevicePlacement."""
+def placement_for(device: str, ledger: MemoryLedger, where):
+    """HostPlacement, or (device "gpu") the GPU path's DevicePlacement; where() says
+    "rank r, step s" for its out-of-memory message."""
     if device == "gpu":
         from zero_ref.gpu.placement import DevicePlacement  # numba.cuda only when asked
 
-        return DevicePlacement(ledger)
+        return DevicePlacement(ledger, where)
     return HostPlacement(ledger)

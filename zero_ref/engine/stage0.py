@@ -98,9 +98,11 @@ class Stage0DataParallel:
         self.world, self.rank = comm.size, comm.rank
         self.layout: FlatLayout = model_layout(model, comm.size)
         self.memory = MemoryLedger()
-        self.place = placement_for(cfg.device, self.memory)  # where model-sized arrays live
+        self.place = placement_for(cfg.device, self.memory, self.where)  # model-sized arrays
         self.host = HostPlacement(self.memory)  # RAM, whatever the device (ZeRO-Offload)
-        self.compute = compute_for(cfg.device, cfg.offload_optimizer, self.host, comm.ledger)
+        self.compute = compute_for(
+            cfg.device, cfg.offload_optimizer, self.host, comm.ledger, self.where
+        )
         self.precision = Precision.of(cfg)  # the dtype of each kind of array
         self.scaler: LossScaleState | None = None  # fp16's loss scaler
         if self.precision.scaled:
@@ -202,6 +204,11 @@ class Stage0DataParallel:
         pool = pool.reshape(count, 3, row)
         self.offloaded = OffloadedUpdate(self.nvme, pool, count, sub_group)
         self.nvme.release_all()
+
+    def where(self) -> str:
+        """'rank r, step s' (or set-up, before step 1): for errors raised deep inside."""
+        step = self.comm.step
+        return f"rank {self.rank}, " + (f"step {step}" if step else "set-up (before step 1)")
 
     def release_pages(self, view: np.ndarray) -> None:
         """Drop a view of a swap-file array (a unit's slice) from RAM after bulk access

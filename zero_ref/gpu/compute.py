@@ -15,21 +15,21 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from numba import cuda
 
 from zero_ref.gpu import kernels
-from zero_ref.gpu.device import as_array
+from zero_ref.gpu.device import Where, as_array, device_array
 from zero_ref.optim.gradnorm import BIN_SHAPE, bins_to_float
 
 CHUNK = 1 << 18  # elements per scratch piece
 
 
-def _float32_pieces(grad, divisor: np.float32, coef: np.float32):
+def _float32_pieces(grad, divisor: np.float32, coef: np.float32, where: Where):
     """(lo, hi, grad[lo:hi] / divisor * coef as a float32 device scratch), piece by piece."""
-    scratch = as_array(cuda.device_array(min(CHUNK, max(1, grad.size)), np.float32))
+    n = min(CHUNK, max(1, grad.size))
+    scratch = as_array(device_array(n, np.float32, "the update's gradient scratch", where))
     wide = None
     if grad.dtype != np.float32:
-        wide = as_array(cuda.device_array(scratch.size, np.float32))
+        wide = as_array(device_array(n, np.float32, "the widened 16-bit gradient", where))
     for lo in range(0, grad.size, CHUNK):
         hi = min(grad.size, lo + CHUNK)
         piece = grad[lo:hi]
@@ -43,6 +43,9 @@ def _float32_pieces(grad, divisor: np.float32, coef: np.float32):
 class DeviceCompute:
     """The GPU path's update phase: CUDA kernels on device arrays."""
 
+    def __init__(self, where: Where) -> None:
+        self.where = where  # for an out-of-memory message
+
     def owned_for_update(self, owned: list) -> list:
         return owned  # the update runs where the state lives: on the device
 
@@ -53,7 +56,7 @@ class DeviceCompute:
         """The exact global norm (see the module docstring), bins summed over ranks."""
         bins = np.zeros(BIN_SHAPE, np.int64)
         for grad in grads:
-            for _, _, g in _float32_pieces(grad, divisor, np.float32(1)):
+            for _, _, g in _float32_pieces(grad, divisor, np.float32(1), self.where):
                 bins += kernels.sumsq_bins(g)
         if comm is not None:
             bins = comm.allreduce_int64(bins, kind="norm")
@@ -62,7 +65,7 @@ class DeviceCompute:
     def first_nonfinite(self, grads: Sequence) -> int | None:
         offset = 0
         for grad in grads:
-            for lo, _, g in _float32_pieces(grad, np.float32(1), np.float32(1)):
+            for lo, _, g in _float32_pieces(grad, np.float32(1), np.float32(1), self.where):
                 found = kernels.first_nonfinite(g)
                 if found is not None:
                     return offset + lo + found
@@ -72,7 +75,7 @@ class DeviceCompute:
     def update(self, param, grad, master, exp_avg, exp_avg_sq, divisor, coef, s) -> None:
         """Unscale and clip into a device scratch, AdamW on the master, round into the
         16-bit params: HostCompute.update's steps, with the kernels."""
-        for lo, hi, g in _float32_pieces(grad, divisor, coef):
+        for lo, hi, g in _float32_pieces(grad, divisor, coef, self.where):
             kernels.adamw(master[lo:hi], g, exp_avg[lo:hi], exp_avg_sq[lo:hi], s)
             if param.dtype != master.dtype:
                 kernels.round_into(param[lo:hi], master[lo:hi], np.dtype(param.dtype).name)

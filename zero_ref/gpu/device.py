@@ -11,6 +11,7 @@ array is a NumPy array underneath, and `numpy.asarray` of it is that array).
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 
 import numba
 import numpy as np
@@ -18,6 +19,29 @@ import numpy as np
 
 class DeviceSetupError(ValueError):
     """--device gpu cannot run here: bad input, one message before training."""
+
+
+class DeviceOutOfMemory(MemoryError):
+    """The GPU could not allocate an array: the message names the rank, the step and
+    the array (raised on that rank: the job ends with it)."""
+
+
+Where = Callable[[], str]  # "rank 2, step 7": where the engine is, for error messages
+
+
+def device_array(numel: int, dtype: np.dtype, what: str, where: Where):
+    """A new numba device array, or DeviceOutOfMemory naming where and what."""
+    from numba import cuda
+
+    try:
+        return cuda.device_array(numel, dtype)
+    except Exception as e:
+        if "out_of_memory" not in f"{type(e).__name__} {e}".lower().replace(" ", "_"):
+            raise
+        nbytes = numel * np.dtype(dtype).itemsize
+        raise DeviceOutOfMemory(
+            f"{where()}: out of GPU memory allocating {what} ({nbytes:,} bytes): {e}"
+        ) from e
 
 
 def cupy():

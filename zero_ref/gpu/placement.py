@@ -9,25 +9,24 @@ registered with the memory ledger as held on the device, apart from RAM.
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda
 
 from zero_ref.engine.memory import MemoryLedger
 from zero_ref.gpu import device
-from zero_ref.gpu.device import as_array, check_usable
+from zero_ref.gpu.device import Where, as_array, check_usable, device_array
 
 
 class DevicePlacement:
     """Arrays in device memory, each registered with the ledger under its category."""
 
-    def __init__(self, ledger: MemoryLedger) -> None:
+    def __init__(self, ledger: MemoryLedger, where: Where) -> None:
         self.description = check_usable()  # DeviceSetupError before anything is allocated
-        self.ledger = ledger
+        self.ledger, self.where = ledger, where
 
     def empty(self, category: str, name: str, numel: int, dtype: np.dtype = np.float32):
         """A new 1-D device array whose contents the caller fills before reading."""
         dtype = np.dtype(dtype)
         storage = np.uint16 if dtype.name == "bfloat16" else dtype  # numba has no bfloat16
-        array = as_array(cuda.device_array(numel, storage))
+        array = as_array(device_array(numel, storage, f"{category} array {name}", self.where))
         if device.simulated():  # a NumPy view: bfloat16 again (on a GPU, CuPy has none)
             array = array.view(dtype)
         return self.ledger.hold_on_device(category, name, array)
