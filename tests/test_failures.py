@@ -504,3 +504,31 @@ def test_guard_exit_codes_and_who_prints(capfd):
     guard = FailureGuard(FakeComm(1, False), "prog", agree_timeout_s=0.05)
     with pytest.raises(SystemExit, match="aborted 1"), guard:
         raise FileNotFoundError("only here")  # before training, but the others never came
+
+
+def test_a_failing_rank_waits_until_its_message_has_left_the_pipe(tmp_path):
+    """Issue 14: the abort must not overtake the message. The guard waits until the
+    launcher's end of the pipe has read every byte (FIONREAD 0), with a deadline for a
+    reader that stopped; a terminal or a file has nothing waiting."""
+    import threading
+
+    from zero_ref.app.failure import unread_bytes, wait_until_read
+
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"x" * 5000)
+    assert unread_bytes(write_end) == 5000
+
+    def launcher_reads() -> None:
+        time.sleep(0.3)
+        os.read(read_end, 10_000)
+
+    threading.Thread(target=launcher_reads).start()
+    t0 = time.monotonic()
+    assert wait_until_read(write_end, timeout_s=10) and time.monotonic() - t0 >= 0.25
+    os.write(write_end, b"y")  # nobody reads any more: the deadline ends the wait
+    t0 = time.monotonic()
+    assert not wait_until_read(write_end, timeout_s=0.2) and time.monotonic() - t0 < 2
+    with open(tmp_path / "log", "w") as f:
+        f.write("z" * 100)
+        f.flush()
+        assert unread_bytes(f.fileno()) == 0

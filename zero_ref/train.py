@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from zero_ref import __version__
+from zero_ref.app.agreement import check_same_job, job_parts
 from zero_ref.app.cli import Parsed, parse_args
 from zero_ref.app.data import encode_corpus, load_text, unigram_entropy
 from zero_ref.app.failure import step_started
@@ -21,6 +22,7 @@ from zero_ref.app.progress import Progress
 from zero_ref.app.report import comm_table, memory_table, rank_report, rss_table
 from zero_ref.app.resume import Saver, announce_resume, open_checkpoint, resume_engine
 from zero_ref.app.tasks import Task, build_task, describe_params
+from zero_ref.app.threads import settle_thread_budget
 from zero_ref.comm.ledger import expected_sent_bytes, paper_sent_bytes
 from zero_ref.engine.init_source import FileInit, InitSource, RandomInit
 from zero_ref.engine.memory import formula_bytes
@@ -59,15 +61,18 @@ def prepare(parsed: Parsed, world: int) -> tuple[Task, InitSource, object, np.nd
 
 def train(parsed: Parsed, mpi_comm) -> None:
     from zero_ref.app.oracle_check import OracleCheck
-    from zero_ref.comm.collectives import comm_for
+    from zero_ref.comm.collectives import comm_for, ranks_sharing_this_host
     from zero_ref.engine import make_engine
 
     run, zero = parsed.run, parsed.zero
     comm = comm_for(mpi_comm, zero)
+    budget = settle_thread_budget(ranks_sharing_this_host(mpi_comm))
     warm_up(comm)  # what libraries set up once is part of the baseline, not of ZeRO's memory
     phases = PhasePeaks()
     task, init, vocab, tokens, checkpoint = prepare(parsed, comm.size)
-    refuse_if_it_cannot_fit(parsed, task, comm)
+    parts = job_parts(run, zero, task.model, vocab.chars, tokens, __version__)
+    check_same_job(mpi_comm, parts)  # before any collective of training (issue 14)
+    refuse_if_it_cannot_fit(parsed, task, comm, budget.ranks_on_host)
     build = lambda: make_engine(task.model, init, zero, comm)  # noqa: E731
     engine, first, loaded = (
         resume_engine(checkpoint, comm, build) if checkpoint else (build(), 0, None)
@@ -79,6 +84,7 @@ def train(parsed: Parsed, mpi_comm) -> None:
         f"{engine.layout.numel:,} parameters, vocab {vocab.size}, "
         f"{'deterministic' if zero.deterministic else 'fast'} mode; corpus {tokens.size:,} "
         f"characters, unigram entropy {unigram_entropy(tokens):.3f} nats/char"
+        + f"; {budget.describe()}"
         + device_line(engine, comm)
     )
     for note in parsed.notes:
@@ -142,14 +148,13 @@ def report_stale_swap(engine, progress: Progress) -> None:
         progress.always(f"removed {len(found)} swap folder(s) a killed run left: {found[0]} ...")
 
 
-def refuse_if_it_cannot_fit(parsed: Parsed, task: Task, comm) -> None:
+def refuse_if_it_cannot_fit(parsed: Parsed, task: Task, comm, ranks_on_host: int) -> None:
     """Before any allocation: each rank's estimated peak against the memory its host has
     for it. Rank 0's reading of MemAvailable is used by all, so all decide alike."""
-    from zero_ref.app.threads import ranks_on_this_host
     from zero_ref.estimate import check_fits, mem_available_bytes
 
     available = comm.mpi.bcast(mem_available_bytes() if comm.rank == 0 else None, root=0)
-    check_fits(parsed, task.model, comm.size, ranks_on_this_host(), available)
+    check_fits(parsed, task.model, comm.size, ranks_on_host, available)
 
 
 def warm_up(comm) -> None:

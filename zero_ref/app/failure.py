@@ -23,8 +23,12 @@ through the communicator it is given.
 
 from __future__ import annotations
 
+import array
+import fcntl
 import os
+import stat
 import sys
+import termios
 import time
 import traceback
 from typing import NoReturn
@@ -34,7 +38,8 @@ from zero_ref.errors import CollectiveError
 INPUT_ERRORS = (ValueError, FileNotFoundError)  # bad flags, configs, files: no traceback
 INJECT_FAULT_ENV = "ZERO_REF_INJECT_FAULT"  # zero_ref/testing/faults.py reads it
 AGREE_TIMEOUT_S = 5.0  # how long failed ranks wait for the others before aborting
-FORWARD_GRACE_S = 0.5  # time for mpirun to forward a failing rank's message before the abort
+DRAIN_TIMEOUT_S = 5.0  # the longest a failing rank waits for its message to leave the pipe
+FORWARD_GRACE_S = 0.2  # then a moment for the launcher to pass it on, before the abort
 
 
 class _StepInProgress:
@@ -130,8 +135,12 @@ class FailureGuard:
         """The summary line first, then the traceback, in one unbuffered write.
 
         MPI_Abort makes mpirun kill every rank, and whatever this rank's output
-        pipe still holds may never reach the user; one write of the whole
-        message, and a moment for mpirun to forward it, make it arrive."""
+        pipe still holds may never reach the user: across two hosts a fixed
+        pause lost it in 4 of 28 runs. So the rank writes the whole message at
+        once and waits until the launcher's proxy has read all of it from the
+        pipe (FIONREAD reaches 0) before aborting: Hydra's proxy passes what it
+        read to mpiexec on the same connection it later passes the abort on,
+        so the message is ahead of the abort."""
         summary = (
             f"{self.prog}: rank {self.rank} of {self.size} failed {_where(step)}: "
             f"{type(error).__name__}: {error} -- aborting all {self.size} ranks\n"
@@ -140,6 +149,7 @@ class FailureGuard:
         if not isinstance(error, (*self.input_errors, CollectiveError)):
             detail = "".join(traceback.format_exception(error))
         _write_stderr(summary + detail)
+        wait_until_read(2, DRAIN_TIMEOUT_S)
         time.sleep(FORWARD_GRACE_S)
 
 
@@ -149,6 +159,31 @@ def _write_stderr(text: str) -> None:
     data = text.encode("utf-8", "replace")
     while data:
         data = data[os.write(2, data) :]
+
+
+def unread_bytes(fd: int) -> int:
+    """Bytes written to fd (a pipe or socket) that its reader has not read yet; 0 for
+    anything else (a terminal or a file: nothing is waiting to be forwarded)."""
+    try:
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+            return 0
+        count = array.array("i", [0])
+        fcntl.ioctl(fd, termios.FIONREAD, count)
+        return count[0]
+    except OSError:
+        return 0  # closed, or no FIONREAD here: nothing more to wait for
+
+
+def wait_until_read(fd: int, timeout_s: float) -> bool:
+    """Wait until the reader of fd has taken everything written to it (True), or
+    timeout_s passed (False: a reader that stopped reading must not hang the abort)."""
+    deadline = time.monotonic() + timeout_s
+    while unread_bytes(fd):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def _where(step: int | None) -> str:

@@ -246,6 +246,16 @@ class Comm:
         return out
 
 
+def ranks_sharing_this_host(mpi_comm: MPI.Comm) -> int:
+    """How many ranks of mpi_comm run on this host, as MPI knows it (a collective):
+    MPI_Comm_split_type(COMM_TYPE_SHARED), whatever launched them."""
+    shared = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return shared.Get_size()
+    finally:
+        shared.Free()
+
+
 def comm_for(mpi_comm: MPI.Comm, cfg: ZeroConfig) -> Comm:
     """The Comm an engine with config `cfg` needs: its reduction policy and schedule
     checking both follow the config (the only place that maps one to the other)."""
