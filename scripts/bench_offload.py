@@ -73,6 +73,7 @@ def run_mode(offload: bool, a: argparse.Namespace, world: MPI.Comm) -> dict:
     model = replay_model(a.numel, a.units)
     cfg = ZeroConfig(
         stage=a.stage,
+        bucket_numel=1 << 20,  # what docs/offload.md's runs used
         precision=a.precision,
         offload_optimizer="nvme" if offload else "none",
         nvme_path=a.nvme_path,

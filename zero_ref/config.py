@@ -17,6 +17,10 @@ NONFINITE_POLICIES = ("raise", "skip")  # see zero_ref/optim/nonfinite.py
 PRECISIONS = ("fp32", "fp16", "bf16")  # see zero_ref/engine/precision.py
 OFFLOAD_DEVICES = ("none", "nvme")  # see zero_ref/offload/
 OPTIMIZER_OFFLOAD = (*OFFLOAD_DEVICES, "cpu")  # cpu: ZeRO-Offload, the GPU path's (docs/gpu.md)
+# Elements per gradient bucket unless told otherwise: small enough that the default run's
+# backward fires a dozen buckets and MPI's temporaries stay small; larger buckets mean
+# fewer calls and faster steps for more staging memory (measured: docs/benchmarks.md).
+DEFAULT_BUCKET_NUMEL = 8192
 DEVICES = ("cpu", "gpu")  # where the engine's arrays live (docs/gpu.md)
 CUDA_AWARE_CHOICES = ("auto", "yes", "no")
 
@@ -62,7 +66,9 @@ class ZeroConfig:
 
     stage         0 = plain data parallel, 1 = + optimizer state sharded,
                   2 = + gradients sharded, 3 = + parameters sharded.
-    bucket_numel  elements per gradient reduce-scatter bucket (stages 2-3).
+    bucket_numel  elements per gradient reduce-scatter bucket (stages 1-3); the one
+                  default, DEFAULT_BUCKET_NUMEL, is the command line's and
+                  docs/configs' too (what a bucket trades: docs/benchmarks.md).
     grad_accum    micro-steps whose gradients are summed before one update.
     clip          max global gradient norm, or None for no clipping.
     deterministic reduce in rank order so results are bitwise those of the
@@ -100,7 +106,7 @@ class ZeroConfig:
     """
 
     stage: int = 2
-    bucket_numel: int = 1 << 20
+    bucket_numel: int = DEFAULT_BUCKET_NUMEL
     grad_accum: int = 1
     clip: float | None = None
     deterministic: bool = False

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from zero_ref.config import DEFAULT_BUCKET_NUMEL
 from zero_ref.optim.lr_schedule import SCHEDULES
 
 
@@ -17,7 +18,7 @@ class UsageError(ValueError):
 
 DEFAULTS = {
     "stage": 2,
-    "bucket_numel": 8192,
+    "bucket_numel": DEFAULT_BUCKET_NUMEL,
     "grad_accum": None,
     "clip": 1.0,
     "deterministic": False,
