@@ -259,3 +259,28 @@ def test_help_is_printed_once():
     p = train(2, "--help")
     assert p.returncode == 0
     assert p.stdout.count("usage:") == 1 and "--deterministic" in p.stdout
+
+
+def test_a_figure_with_bars_above_its_axes_is_refused():
+    """The old memory figure shared one y-axis whose limit came from stage 3's panel,
+    cutting off stages 0-2: scripts/plot_run.py's check finds exactly that."""
+    import importlib.util
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    spec = importlib.util.spec_from_file_location("plot_run", REPO / "scripts" / "plot_run.py")
+    plot_run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot_run)
+    fig, axes = plt.subplots(1, 2, sharey=True)
+    axes[0].bar([0, 1], [1.79, 1.79])
+    axes[0].set_title("stage 0")
+    axes[1].bar([0, 1], [0.73, 0.73])
+    axes[1].set_ylim(0, 0.8)  # the last panel's limit wins for both
+    assert any("stage 0" in p for p in plot_run.outside_axes(fig))
+    axes[1].set_ylim(0, 2.0)
+    axes[1].axhline(1.5)
+    assert plot_run.outside_axes(fig) == []
+    plt.close(fig)

@@ -134,7 +134,7 @@ def train(parsed: Parsed, mpi_comm) -> None:
         checkpoint.close()
     if run.save_dir and last > first and saver.last_saved != last:
         saver.save(last)  # always at the end (not when nothing was trained)
-    finish(parsed, engine, task, log, phases, skipped)
+    finish(parsed, engine, task, log, phases, skipped, unigram_entropy(tokens))
     engine.close()  # swap files are scratch: removed at a clean end
 
 
@@ -210,6 +210,7 @@ def finish(
     log: JsonlLog | None,
     phases: PhasePeaks,
     skipped: int = 0,
+    entropy: float | None = None,
 ) -> None:
     """Export, sample, ledgers: the collectives first, then rank 0 alone. Nothing here
     needs the whole model on any rank: both stream it one unit at a time."""
@@ -235,6 +236,7 @@ def finish(
             {
                 "final": True,
                 "model": run.model,
+                "unigram_entropy": entropy,  # nats/char: a model that ignores context
                 "stage": zero.stage,
                 "world_size": world,
                 "numel_padded": numel,
