@@ -28,6 +28,7 @@ from zero_ref.engine.init_source import FileInit, InitSource, RandomInit
 from zero_ref.engine.memory import formula_bytes
 from zero_ref.io.metrics_log import JsonlLog
 from zero_ref.io.tensor_io import SafetensorsWriter
+from zero_ref.io.trace import Trace, write_trace
 from zero_ref.layout.flat import tensor_views
 
 
@@ -95,6 +96,8 @@ def train(parsed: Parsed, mpi_comm) -> None:
     if checkpoint:
         announce_resume(checkpoint, parsed, comm.size, tokens, loaded, progress, log)
     saver = Saver(parsed, engine, tokens, progress, log)
+    if run.trace:  # from the first step on: units, collectives, the update (docs/stages.md)
+        engine.trace = comm.ledger.trace = Trace(comm.rank)
     last = min(run.steps, run.stop_at_step or run.steps)
     skipped = 0  # steps skipped for a NaN/Inf gradient (fp16: an overflow)
     for step in range(first, last):
@@ -116,6 +119,8 @@ def train(parsed: Parsed, mpi_comm) -> None:
             "loss_scale": result.loss_scale,
         }
         skipped += result.skipped
+        if engine.trace is not None:
+            engine.trace.counter("ledger bytes", engine.memory.bytes_by_category())
         if check:
             record["oracle_max_abs_diff"] = check.after_step(result, inputs, targets, lr)
         progress.update(record)
@@ -220,6 +225,11 @@ def finish(
             export(engine, run.export)
         sample = sample_text(engine, task, run) if run.sample_chars else None
     phases.end("finish")
+    if engine.trace is not None:
+        everyone = engine.comm.mpi.gather(engine.trace.events, root=0)
+        if engine.rank == 0:
+            write_trace(run.trace, everyone)
+            print(f"trace of {len(everyone)} ranks written to {run.trace} (ui.perfetto.dev)")
     reports = engine.comm.mpi.gather(rank_report(engine, phases), root=0)
     if engine.rank != 0:
         return

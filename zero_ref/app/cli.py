@@ -34,6 +34,7 @@ class RunConfig:
     init: str | None
     export: str | None
     log_jsonl: str | None
+    trace: str | None
     save_dir: str | None
     save_every: int | None
     keep_last: int | None

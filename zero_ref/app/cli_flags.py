@@ -60,6 +60,7 @@ DEFAULTS = {
     "init": None,
     "export": None,
     "log_jsonl": None,
+    "trace": None,
     "save_dir": None,
     "save_every": None,
     "keep_last": None,
@@ -332,6 +333,11 @@ def _file_flags(g) -> None:
         "--log-jsonl",
         help="one JSON object per step; the last holds every "
         "rank's memory and communication ledger",
+    )
+    g.add_argument(
+        "--trace",
+        help="every rank's timeline (units' forward and backward, collectives with their "
+        "bytes, the optimizer step, ledger bytes) as Chrome/Perfetto trace JSON",
     )
 
 

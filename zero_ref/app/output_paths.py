@@ -21,7 +21,7 @@ from pathlib import Path
 from zero_ref.app.cli import RunConfig, UsageError
 from zero_ref.io.atomic import process_alive
 
-EXTENSIONS = {"export": (".safetensors",), "log_jsonl": (".jsonl",)}
+EXTENSIONS = {"export": (".safetensors",), "log_jsonl": (".jsonl",), "trace": (".json",)}
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?:tmp|partial)-(?P<pid>\d+)$")
 
 
@@ -37,7 +37,8 @@ def check_output_paths(run: RunConfig) -> None:
         check_output_file(f"--{flag.replace('_', '-')}", path, EXTENSIONS[flag])
     resolved = [p.resolve() for p in paths.values()]
     if len(set(resolved)) < len(resolved):
-        raise UsageError(f"--export and --log-jsonl name the same file {resolved[0]}")
+        flags = ", ".join(f"--{flag.replace('_', '-')}" for flag in paths)
+        raise UsageError(f"two of {flags} name the same file: each needs its own")
     if run.save_dir:
         check_save_dir(Path(run.save_dir))
 

@@ -186,7 +186,7 @@ def describe_resume(checkpoint: Checkpoint, parsed: Parsed, world: int) -> list[
     ignore = {  # where the run writes and what it shows: not how it trains
         *("resume", "save_dir", "save_every", "keep_last", "stop_at_step", "init"),
         *("quiet", "log_every", "log_jsonl", "export", "sample_chars", "check_oracle"),
-        *("print_params", "lr_schedule"),
+        *("print_params", "lr_schedule", "trace"),
     }
     for part in ("run", "zero"):
         for key, value in saved[part].items():

@@ -85,7 +85,7 @@ class Comm:
         if step is not None:
             self.step = step
         if where is not None:
-            self.where = where
+            self.where = self.ledger.where = where
 
     def _agree(self, op: str, count: int, dtype: str = "float32") -> None:
         """With check_schedule: all-gather every rank's signature; raise on a mismatch."""

@@ -15,6 +15,7 @@ are recorded `off_the_books()`: counted apart, never in a training step.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -61,6 +62,8 @@ class CommLedger:
     current: dict[str, KindTotals] = field(default_factory=lambda: defaultdict(KindTotals))
     history: list[dict[str, dict[str, float]]] = field(default_factory=list)
     checking: dict[str, KindTotals] = field(default_factory=lambda: defaultdict(KindTotals))
+    trace: object | None = None  # a zero_ref.io.trace.Trace: each record becomes an event
+    where: str = ""  # the Comm's context label ("micro-step 0 backward h1"), for the trace
 
     @contextmanager
     def off_the_books(self) -> Iterator[None]:
@@ -77,6 +80,10 @@ class CommLedger:
         t.sent_bytes += int(sent_bytes)
         t.recv_bytes += int(recv_bytes)
         t.seconds += seconds
+        if self.trace is not None:
+            start = time.perf_counter() - seconds
+            args = {"sent_bytes": int(sent_bytes), "recv_bytes": int(recv_bytes)}
+            self.trace.complete(kind, "collectives", start, seconds, where=self.where, **args)
 
     def record_copy(self, kind: str, nbytes: int, seconds: float) -> None:
         """A copy between host and device memory (kind in COPY_KINDS): PCIe bytes,
@@ -87,6 +94,9 @@ class CommLedger:
         t.calls += 1
         t.copied_bytes += int(nbytes)
         t.seconds += seconds
+        if self.trace is not None:
+            start = time.perf_counter() - seconds
+            self.trace.complete(kind, "copies", start, seconds, bytes=int(nbytes))
 
     def end_step(self) -> dict[str, dict[str, float]]:
         """Close the step: move its totals to history and return them."""

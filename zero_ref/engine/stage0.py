@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,6 +109,7 @@ class Stage0DataParallel:
         if self.precision.scaled:
             self.scaler = initial_state(cfg.loss_scale)
         self.step_count = 0
+        self.trace = None  # a zero_ref.io.trace.Trace (--trace): units and the update, timed
         _check_comm_matches(comm, cfg)
         self.nvme = self._nvme_store()  # offloaded optimizer state, or None
         self.offloaded: OffloadedUpdate | None = None
@@ -339,7 +341,10 @@ class Stage0DataParallel:
         for i, unit in enumerate(self.model.units):
             self.comm.set_context(where=f"micro-step {micro} forward {unit.name}")
             x_in = x
-            x, cache = unit.forward(self.unit_params(i), x)
+            params = self.unit_params(i)  # stage 3 gathers here, outside the unit's span
+            with self._span(f"forward {unit.name}", micro=micro):
+                x, cache = unit.forward(params, x)
+            params = None
             self.release_unit_params(i)
             kept.append(x_in if self.cfg.checkpoint_activations else cache)
             cache = None
@@ -350,9 +355,13 @@ class Stage0DataParallel:
             unit = self.model.units[i]
             self.comm.set_context(where=f"micro-step {micro} backward {unit.name}")
             params = self.unit_params(i)
-            cache = unit.forward(params, kept[i])[1] if self.cfg.checkpoint_activations else kept[i]
-            kept[i] = None
-            dout = unit.backward(params, cache, dout, self.unit_grads(i))
+            with self._span(f"backward {unit.name}", micro=micro):
+                if self.cfg.checkpoint_activations:
+                    cache = unit.forward(params, kept[i])[1]  # the forward again, for its cache
+                else:
+                    cache = kept[i]
+                kept[i] = None
+                dout = unit.backward(params, cache, dout, self.unit_grads(i))
             cache = None
             self.release_unit_params(i)
             self.on_unit_backward_done(i, micro)
@@ -360,7 +369,16 @@ class Stage0DataParallel:
         self.on_backward_done(micro)
         return loss
 
+    def _span(self, name: str, lane: str = "compute", **args):
+        """A timed event on the trace (--trace), or nothing."""
+        return nullcontext() if self.trace is None else self.trace.span(name, lane, **args)
+
     def optimizer_step(self, lr: float | None = None) -> float:
+        """The update phase, timed on the trace's optimizer lane (see _optimizer_step)."""
+        with self._span(f"optimizer step {self.step_count + 1}", "optimizer"):
+            return self._optimizer_step(lr)
+
+    def _optimizer_step(self, lr: float | None = None) -> float:
         """Average and unscale, clip by the global norm, AdamW on the owned slices;
         returns the norm.
 

@@ -1,0 +1,81 @@
+"""The tables of docs/stages.md, computed from zero_ref/engine/memory.py's formulas.
+
+    python scripts/stages_tables.py            # prints the markdown docs/stages.md holds
+
+tests/test_docs.py checks that docs/stages.md contains exactly what this prints, so
+the tables cannot drift from the formulas the engine's ledger is tested against.
+"""
+
+from __future__ import annotations
+
+from zero_ref.dtypes import element_bytes
+from zero_ref.engine.memory import FP32, formula_bytes, paper_formula_bytes
+
+STAGES = {0: "baseline (DP)", 1: "P_os", 2: "P_os+g", 3: "P_os+g+p"}
+GB = 1e9
+
+
+def bytes_table() -> str:
+    """Bytes per parameter one rank holds, per stage, fp32 and mixed precision, from
+    formula_bytes at a Psi large enough that rounding to the world size vanishes."""
+    psi, n = 64 * 10**6, 64
+    mixed = element_bytes("bf16", "bf16", "bf16")
+    lines = [
+        "| stage | what each rank holds | fp32: bytes / param (N = 64) "
+        "| fp16/bf16: bytes / param (N = 64) |",
+        "|---|---|---|---|",
+    ]
+    holds = {
+        0: "params, grads, optimizer state: all of them",
+        1: "params, grads; 1/N of the optimizer state",
+        2: "params; 1/N of grads and optimizer state",
+        3: "1/N of everything",
+    }
+    for stage, name in STAGES.items():
+        cells = []
+        for sizes in (FP32, mixed):
+            parts = formula_bytes(stage, psi, n, 1, sizes)
+            cells.append(
+                f"{sum(parts.values()) / psi:.3f} "
+                f"({parts['params'] / psi:g} + {parts['grads'] / psi:g} + "
+                f"{parts['optimizer'] / psi:g})"
+            )
+        lines.append(f"| {stage} {name} | {holds[stage]} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
+
+
+def figure1_table() -> str:
+    """The paper's Figure 1: 7.5B parameters, 64 ranks, K = 12."""
+    psi, n = 7.5e9, 64
+    lines = ["| stage | formula | GB per rank |", "|---|---|---|"]
+    formulas = {
+        0: "(2 + 2 + K) Psi",
+        1: "2 Psi + 2 Psi + K Psi / N",
+        2: "2 Psi + (2 + K) Psi / N",
+        3: "(2 + 2 + K) Psi / N",
+    }
+    for stage, name in STAGES.items():
+        gb = paper_formula_bytes(stage, int(psi), n) / GB
+        lines.append(f"| {stage} {name} | {formulas[stage]} | {gb:.1f} |")
+    return "\n".join(lines)
+
+
+def projection_table() -> str:
+    """Model states per rank (GB, K = 12) of a 7.5B-parameter model as ranks grow."""
+    psi, ranks = int(7.5e9), (1, 4, 16, 64, 256, 1024)
+    lines = [
+        "| stage | " + " | ".join(f"N = {n}" for n in ranks) + " |",
+        "|---|" + "---|" * len(ranks),
+    ]
+    for stage, name in STAGES.items():
+        cells = " | ".join(f"{paper_formula_bytes(stage, psi, n) / GB:.2f}" for n in ranks)
+        lines.append(f"| {stage} {name} | {cells} |")
+    return "\n".join(lines)
+
+
+def tables() -> str:
+    return "\n\n".join([bytes_table(), figure1_table(), projection_table()])
+
+
+if __name__ == "__main__":
+    print(tables())
