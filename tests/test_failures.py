@@ -532,3 +532,10 @@ def test_a_failing_rank_waits_until_its_message_has_left_the_pipe(tmp_path):
         f.write("z" * 100)
         f.flush()
         assert unread_bytes(f.fileno()) == 0
+    import socket
+
+    launcher, rank = socket.socketpair()  # stderr may be a socket: what the peer has not read
+    rank.send(b"m" * 3000)
+    assert unread_bytes(rank.fileno()) > 0
+    launcher.recv(10_000)
+    assert wait_until_read(rank.fileno(), timeout_s=2)

@@ -84,3 +84,16 @@ def test_the_first_line_says_how_many_threads_and_why():
     job = run_watched(["taskset", "-c", "0", *mpirun_command(3, *loud, "--batch-size", "6")])
     assert job.returncode == 0, job.stderr[-3000:]
     assert "1 thread per rank (1 usable CPU / 3 ranks on this host)" in job.stdout
+
+
+def test_ranks_resuming_different_steps_disagree(tmp_path):
+    """The checkpoint a rank will load is named by its resolved step folder and its
+    manifest, not by the folder holding `latest` (whose size is the same for every tag)."""
+    from zero_ref.app.agreement import checkpoint_digest
+
+    for tag in ("step_000010", "step_000020"):
+        (tmp_path / tag).mkdir()
+        (tmp_path / tag / "manifest.json").write_text('{"same": "bytes"}')
+    assert checkpoint_digest(tmp_path / "step_000010") != checkpoint_digest(
+        tmp_path / "step_000020"
+    )

@@ -68,10 +68,12 @@ def train(parsed: Parsed, mpi_comm) -> None:
     run, zero = parsed.run, parsed.zero
     comm = comm_for(mpi_comm, zero)
     budget = settle_thread_budget(ranks_sharing_this_host(mpi_comm))
-    warm_up(comm)  # what libraries set up once is part of the baseline, not of ZeRO's memory
+    # what libraries set up once is part of the baseline, not of ZeRO's memory (on the host
+    # Comm: a GPU run's staging buffers would otherwise keep the warm-up's size)
+    warm_up(getattr(comm, "host", comm))
     phases = PhasePeaks()
     task, init, vocab, tokens, checkpoint = prepare(parsed, comm.size)
-    parts = job_parts(run, zero, task.model, vocab.chars, tokens, __version__)
+    parts = job_parts(run, zero, task.model, vocab.chars, tokens, __version__, checkpoint)
     check_same_job(mpi_comm, parts)  # before any collective of training (issue 14)
     refuse_if_it_cannot_fit(parsed, task, comm, budget.ranks_on_host)
     build = lambda: make_engine(task.model, init, zero, comm)  # noqa: E731

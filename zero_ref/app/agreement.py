@@ -51,13 +51,11 @@ def file_digest(path: str | Path) -> str:
 
 
 def checkpoint_digest(folder: str | Path) -> str:
-    """A checkpoint folder's manifest and its files' names and sizes (hashing every
-    rank file whole would read the checkpoint twice)."""
+    """The checkpoint a rank will load: its resolved folder's name (step_000123, not
+    the `latest` pointer) and its manifest, which records every rank file's size and
+    CRC (hashing the rank files whole would read the checkpoint twice)."""
     folder = Path(folder)
-    listing = sorted((p.name, p.stat().st_size) for p in folder.rglob("*") if p.is_file())
-    manifests = sorted(folder.rglob("manifest.json"))
-    text = "".join(p.read_text() for p in manifests)
-    return digest(json.dumps(listing) + text)
+    return digest(folder.name + (folder / "manifest.json").read_text())
 
 
 def random_init_digest(seed: int, shapes: list[tuple[str, tuple[int, ...]]]) -> str:
@@ -67,10 +65,13 @@ def random_init_digest(seed: int, shapes: list[tuple[str, tuple[int, ...]]]) -> 
     return digest(json.dumps([seed, shapes]).encode() + probe)
 
 
-def job_parts(run, zero, model, vocab_chars: str, tokens: np.ndarray, version: str) -> dict:
-    """{what: hash} for everything that defines the job on this rank."""
-    if run.resume:
-        init = "checkpoint " + checkpoint_digest(run.resume)
+def job_parts(
+    run, zero, model, vocab_chars: str, tokens: np.ndarray, version: str, checkpoint=None
+) -> dict:
+    """{what: hash} for everything that defines the job on this rank; checkpoint: the
+    opened --resume checkpoint (zero_ref/checkpoint/reader.py), its tag resolved."""
+    if checkpoint is not None:
+        init = "checkpoint " + checkpoint_digest(checkpoint.folder)
     elif run.init:
         init = "file " + file_digest(run.init)
     else:

@@ -163,13 +163,19 @@ def _write_stderr(text: str) -> None:
 
 def unread_bytes(fd: int) -> int:
     """Bytes written to fd (a pipe or socket) that its reader has not read yet; 0 for
-    anything else (a terminal or a file: nothing is waiting to be forwarded)."""
+    anything else (a terminal or a file: nothing is waiting to be forwarded). A pipe
+    answers FIONREAD for what sits in it; a socket answers TIOCOUTQ (SIOCOUTQ) for
+    what it has not yet handed on (its FIONREAD would count what came in)."""
     try:
         mode = os.fstat(fd).st_mode
-        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+        if stat.S_ISFIFO(mode):
+            request = termios.FIONREAD
+        elif stat.S_ISSOCK(mode):
+            request = termios.TIOCOUTQ
+        else:
             return 0
         count = array.array("i", [0])
-        fcntl.ioctl(fd, termios.FIONREAD, count)
+        fcntl.ioctl(fd, request, count)
         return count[0]
     except OSError:
         return 0  # closed, or no FIONREAD here: nothing more to wait for

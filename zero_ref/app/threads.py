@@ -15,8 +15,8 @@ Numba's and BLAS's thread counts are set again from that count
 (settle_thread_budget); the run's first line prints the result. Variables the
 user set win both times; a value an earlier zero_ref process set (a script or
 pytest that imported zero_ref, then started `mpirun`) is recognised by
-ZERO_REF_THREAD_BUDGET and replaced, or every rank would inherit one rank's
-budget and oversubscribe the cores.
+ZERO_REF_THREAD_VARS (the names zero_ref set) and replaced, or every rank would
+inherit one rank's budget and oversubscribe the cores.
 """
 
 import os
@@ -48,18 +48,26 @@ def threads_per_rank(ranks_on_host: int | None = None) -> int:
     return max(1, usable_cpus() // (ranks_on_host or ranks_on_this_host()))
 
 
-_MARKER = "ZERO_REF_THREAD_BUDGET"  # the budget a zero_ref process set, inherited by children
+# The names of the variables a zero_ref process set itself (children inherit them, and
+# must replace them with their own budget); by name, so that a user's value that
+# happens to equal zero_ref's is still the user's.
+_MARKER = "ZERO_REF_THREAD_VARS"
+
+
+def _ours(env) -> set[str]:
+    return {v for v in env.get(_MARKER, "").split(",") if v}
 
 
 def apply_default_thread_budget(environ: dict[str, str] | None = None) -> None:
     """Set each thread variable the user left unset (or a parent zero_ref process set
     for itself); must run before NumPy loads BLAS."""
     env = os.environ if environ is None else environ
-    budget, inherited = str(threads_per_rank()), env.get(_MARKER)
+    budget, inherited, ours = str(threads_per_rank()), _ours(env), set()
     for var in _THREAD_VARS:
-        if var not in env or env[var] == inherited:
+        if var not in env or var in inherited:
             env[var] = budget
-    env[_MARKER] = budget
+            ours.add(var)
+    env[_MARKER] = ",".join(sorted(ours))
 
 
 @dataclass(frozen=True)
@@ -86,8 +94,8 @@ def settle_thread_budget(ranks_on_host: int) -> ThreadBudget:
     """With MPI's count of the ranks sharing this host: Numba's and BLAS's threads set
     to usable CPUs / that count (both are loaded by now, so through their own calls),
     unless the user set the thread variables themselves."""
-    marker = os.environ.get(_MARKER)
-    user_set = any(var in os.environ and os.environ[var] != marker for var in _THREAD_VARS)
+    ours = _ours(os.environ)
+    user_set = any(var in os.environ and var not in ours for var in _THREAD_VARS)
     if user_set:
         import numba
 
@@ -99,8 +107,6 @@ def settle_thread_budget(ranks_on_host: int) -> ThreadBudget:
     n = min(n, numba.config.NUMBA_NUM_THREADS)  # Numba cannot exceed what it started with
     numba.set_num_threads(n)
     threadpool_limits(limits=n)  # BLAS and OpenMP pools, from now on
-    for var in _THREAD_VARS:  # what children inherit: this budget, still marked as ours
-        if os.environ.get(var) == marker:
-            os.environ[var] = str(n)
-    os.environ[_MARKER] = str(n)
+    for var in ours - {"NUMBA_NUM_THREADS"}:  # what children inherit (still marked ours);
+        os.environ[var] = str(n)  # Numba's stays: it re-reads it and must see its pool's size
     return ThreadBudget(n, usable_cpus(), ranks_on_host, False)
