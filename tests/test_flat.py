@@ -268,3 +268,26 @@ def test_no_units_no_buckets():
 def test_bucket_numel_must_be_positive(bucket_numel):
     with pytest.raises(ValueError, match=f"bucket_numel={bucket_numel}"):
         plan_buckets([4, 4], [0, 2], bucket_numel, 2)
+
+
+def test_who_owns_which_elements_of_a_3x2_and_a_2_element_tensor_on_4_ranks():
+    """docs/oracle.md's worked example: 8 elements, 2 per rank; the weight's flat
+    elements 0-5 go to ranks 0-2 in pairs, the bias to rank 3. An odd size pads."""
+    from zero_ref.layout.flat import model_layout, ownership
+    from zero_ref.testing.replay import ReplayModel
+
+    model = ReplayModel([("hidden", [("weight", (3, 2)), ("bias", (2,))])])
+    assert ownership(model_layout(model, 4)) == [
+        ("hidden.weight", 0, 0, 2),
+        ("hidden.weight", 1, 2, 4),
+        ("hidden.weight", 2, 4, 6),
+        ("hidden.bias", 3, 0, 2),
+    ]
+    odd = ReplayModel([("u", [("w", (5,))])])  # padded to 8: rank 2 ends with padding
+    assert ownership(model_layout(odd, 4)) == [
+        ("u.w", 0, 0, 2),
+        ("u.w", 1, 2, 4),
+        ("u.w", 2, 4, 5),
+        ("u (padding)", 2, 0, 1),
+        ("u (padding)", 3, 1, 3),
+    ]

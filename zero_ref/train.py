@@ -320,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if parsed.run.print_params:
             task, *_ = prepare(parsed, world.size)
             if world.rank == 0:
-                print(describe_params(task.model))
+                print(describe_params(task.model, world.size))
             return 0
         train(parsed, world)
     return guard.exit_code

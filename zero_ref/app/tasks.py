@@ -10,6 +10,7 @@ import numpy as np
 
 from zero_ref.app.cli import RunConfig
 from zero_ref.app.data import CharVocab, micro_batches, sequence_batches
+from zero_ref.layout.flat import model_layout, ownership
 from zero_ref.models.gpt import GPT, GPTConfig, generate_with
 from zero_ref.models.mlp import CharMLP, MLPConfig
 from zero_ref.models.unit import Model
@@ -67,8 +68,9 @@ def _sample_mlp(model: CharMLP, forward: Forward, vocab: CharVocab, n: int, seed
     return vocab.decode(np.array(ids[context:]))
 
 
-def describe_params(model: Model) -> str:
-    """--print-params: names, shapes, numel and the total."""
+def describe_params(model: Model, world: int = 1) -> str:
+    """--print-params: names, shapes, numel and the total; on several ranks, who owns
+    which elements of each tensor (the flat layout every stage shards by)."""
     rows, total = [], 0
     for unit in model.units:
         for spec in unit.param_specs():
@@ -76,4 +78,9 @@ def describe_params(model: Model) -> str:
                 f"{unit.name + '.' + spec.name:<28} {str(spec.shape):<16} {spec.numel:>10,}"
             )
             total += spec.numel
-    return "\n".join([*rows, f"{'total':<45} {total:>10,}"])
+    rows.append(f"{'total':<45} {total:>10,}")
+    if world > 1:
+        rows.append(f"\nwho owns which elements on {world} ranks (a tensor's flat indices):")
+        for name, rank, lo, hi in ownership(model_layout(model, world)):
+            rows.append(f"  rank {rank}: {name}[{lo}:{hi}]")
+    return "\n".join(rows)

@@ -170,3 +170,26 @@ def tensor_views(unit_buffer: np.ndarray, unit: UnitLayout) -> dict[str, np.ndar
 def rank_rows(unit_buffer: np.ndarray, unit: UnitLayout) -> np.ndarray:
     """A padded unit range seen as (world_size, shard_numel): row r is rank r's slice."""
     return unit_buffer[: unit.padded_numel].reshape(unit.world_size, unit.shard_numel)
+
+
+def ownership(layout: FlatLayout) -> list[tuple[str, int, int, int]]:
+    """Who owns which elements: (tensor or padding, rank, first, last + 1), the tensor's
+    own flat element indices, for every piece of every rank's slice of every unit.
+    Rank r owns elements [r n, (r + 1) n) of each unit's padded range (n = its
+    shard_numel), which may cut a tensor anywhere, or hold only padding."""
+    pieces = []
+    for unit in layout.units:
+        for rank in range(layout.world_size):
+            lo, hi = rank * unit.shard_numel, (rank + 1) * unit.shard_numel
+            for slot in unit.slots:
+                a, b = max(lo, slot.offset), min(hi, slot.offset + slot.numel)
+                if a < b:
+                    pieces.append(
+                        (f"{unit.name}.{slot.name}", rank, a - slot.offset, b - slot.offset)
+                    )
+            pad_lo = max(lo, unit.numel)
+            if pad_lo < hi:
+                pieces.append(
+                    (f"{unit.name} (padding)", rank, pad_lo - unit.numel, hi - unit.numel)
+                )
+    return pieces
