@@ -184,3 +184,24 @@ def test_model_step_with_replay_model_equals_step_with_its_gradients():
         assert list(a) == list(b) == list(init)
         for name in a:
             np.testing.assert_array_equal(bits(a[name]), bits(b[name]))
+
+
+def test_pytorch_ddp_matches_the_oracle_when_fed_as_docs_oracle_md_says():
+    """scripts/oracle_ddp_example.py: DDP (2 gloo processes, accumulation, clipping,
+    torch's AdamW) against the oracle fed each rank's pre-reduction gradients."""
+    pytest.importorskip("torch")
+    import json
+    import subprocess
+    import sys
+
+    from tests.mpi_pool import REPO
+
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "oracle_ddp_example.py")],
+        cwd=REPO / "scripts",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["max_abs_diff"] < 1e-5
