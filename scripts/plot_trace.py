@@ -12,7 +12,6 @@ for anything drawn outside its axes before it is saved (scripts/plot_run.py).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -21,6 +20,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from plot_run import save  # noqa: E402  (beside this script: the same axes check)
 
 ROWS = {"optimizer": 0, "collectives": 1, "compute": 2}
 COLORS = {
@@ -82,13 +82,8 @@ def main() -> None:
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
     fig.legend(handles, list(COLORS), loc="upper right", ncol=5, fontsize=7)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    spec = importlib.util.spec_from_file_location(
-        "plot_run", Path(__file__).with_name("plot_run.py")
-    )
-    plot_run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plot_run)
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    plot_run.save(fig, a.out)
+    save(fig, a.out)
     print(json.dumps({"written": str(a.out), "sent_bytes": summary}))
 
 

@@ -23,28 +23,12 @@ from zero_ref.optim.gradnorm import BIN_SHAPE, bins_to_float
 CHUNK = 1 << 18  # elements per scratch piece
 
 
-def _float32_pieces(grad, divisor: np.float32, coef: np.float32, where: Where):
-    """(lo, hi, grad[lo:hi] / divisor * coef as a float32 device scratch), piece by piece."""
-    n = min(CHUNK, max(1, grad.size))
-    scratch = as_array(device_array(n, np.float32, "the update's gradient scratch", where))
-    wide = None
-    if grad.dtype != np.float32:
-        wide = as_array(device_array(n, np.float32, "the widened 16-bit gradient", where))
-    for lo in range(0, grad.size, CHUNK):
-        hi = min(grad.size, lo + CHUNK)
-        piece = grad[lo:hi]
-        if wide is not None:
-            kernels.widen(wide[: hi - lo], piece, np.dtype(grad.dtype).name)
-            piece = wide[: hi - lo]
-        kernels.unscale_and_clip(piece, scratch[: hi - lo], divisor, coef)
-        yield lo, hi, scratch[: hi - lo]
-
-
 class DeviceCompute:
     """The GPU path's update phase: CUDA kernels on device arrays."""
 
     def __init__(self, where: Where) -> None:
         self.where = where  # for an out-of-memory message
+        self.scratch: dict[str, object] = {}  # float32 device pieces, made once, reused
 
     def owned_for_update(self, owned: list) -> list:
         return owned  # the update runs where the state lives: on the device
@@ -52,21 +36,50 @@ class DeviceCompute:
     def finish_update(self) -> None:
         """Nothing to move."""
 
+    def _piece(self, what: str, n: int):
+        """The first n elements of a reused float32 device scratch (n <= CHUNK), made
+        again larger only when a piece outgrows it."""
+        held = self.scratch.get(what)
+        if held is None or held.shape[0] < n:
+            held = as_array(device_array(n, np.float32, f"the update's {what}", self.where))
+            self.scratch[what] = held
+        return held[:n]
+
+    def _float32(self, piece):
+        """A gradient piece as float32: itself, or widened (exactly) into a scratch."""
+        if piece.dtype == np.float32:
+            return piece
+        wide = self._piece("widened 16-bit gradient", piece.shape[0])
+        kernels.widen(wide, piece, np.dtype(piece.dtype).name)
+        return wide
+
+    def _pieces(self, grad):
+        """(lo, hi) of grad, CHUNK elements at a time."""
+        for lo in range(0, grad.size, CHUNK):
+            yield lo, min(grad.size, lo + CHUNK)
+
+    def _unscaled(self, piece, divisor: np.float32, coef: np.float32):
+        """piece / divisor * coef in a float32 scratch (HostCompute's unscale_and_clip)."""
+        g = self._piece("gradient scratch", piece.shape[0])
+        kernels.unscale_and_clip(self._float32(piece), g, divisor, coef)
+        return g
+
     def grad_norm(self, grads: Sequence, divisor: np.float32, comm, exact: bool) -> float:
         """The exact global norm (see the module docstring), bins summed over ranks."""
         bins = np.zeros(BIN_SHAPE, np.int64)
         for grad in grads:
-            for _, _, g in _float32_pieces(grad, divisor, np.float32(1), self.where):
-                bins += kernels.sumsq_bins(g)
+            for lo, hi in self._pieces(grad):
+                bins += kernels.sumsq_bins(self._unscaled(grad[lo:hi], divisor, np.float32(1)))
         if comm is not None:
             bins = comm.allreduce_int64(bins, kind="norm")
         return math.sqrt(bins_to_float(bins))
 
     def first_nonfinite(self, grads: Sequence) -> int | None:
+        """Position of the first NaN/Inf in the owned gradients (widening keeps both)."""
         offset = 0
         for grad in grads:
-            for lo, _, g in _float32_pieces(grad, np.float32(1), np.float32(1), self.where):
-                found = kernels.first_nonfinite(g)
+            for lo, hi in self._pieces(grad):
+                found = kernels.first_nonfinite(self._float32(grad[lo:hi]))
                 if found is not None:
                     return offset + lo + found
             offset += grad.size
@@ -75,7 +88,8 @@ class DeviceCompute:
     def update(self, param, grad, master, exp_avg, exp_avg_sq, divisor, coef, s) -> None:
         """Unscale and clip into a device scratch, AdamW on the master, round into the
         16-bit params: HostCompute.update's steps, with the kernels."""
-        for lo, hi, g in _float32_pieces(grad, divisor, coef, self.where):
+        for lo, hi in self._pieces(grad):
+            g = self._unscaled(grad[lo:hi], divisor, coef)
             kernels.adamw(master[lo:hi], g, exp_avg[lo:hi], exp_avg_sq[lo:hi], s)
             if param.dtype != master.dtype:
                 kernels.round_into(param[lo:hi], master[lo:hi], np.dtype(param.dtype).name)

@@ -97,18 +97,7 @@ def adamw(param, grad, exp_avg, exp_avg_sq, s: AdamWScalars) -> None:
     n = param.shape[0]
     if n == 0:
         return
-    scalars = (
-        s.decay,
-        s.one_minus_beta1,
-        s.lerp_from_end,
-        s.one_minus_weight,
-        s.beta2,
-        s.one_minus_beta2,
-        s.step_size,
-        s.bias_correction2_sqrt,
-        s.eps,
-    )
-    _adamw[blocks(n), THREADS](param, grad, exp_avg, exp_avg_sq, scalars)
+    _adamw[blocks(n), THREADS](param, grad, exp_avg, exp_avg_sq, s.kernel_args())
 
 
 # ---- the gradient AdamW sees (twin: zero_ref.optim.gradnorm.unscale_and_clip)

@@ -18,7 +18,7 @@ measures by how much (docs/oracle.md has the figures).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numba
 import numpy as np
@@ -39,6 +39,10 @@ class AdamWScalars:
     step_size: np.float32  # lr / (1 - beta1^t)
     bias_correction2_sqrt: np.float32  # sqrt(1 - beta2^t)
     eps: np.float32
+
+    def kernel_args(self) -> tuple:
+        """The scalars in field order, as the Numba and CUDA kernels unpack them."""
+        return tuple(getattr(self, f.name) for f in fields(self))
 
 
 def adamw_scalars(cfg: AdamWConfig, step: int) -> AdamWScalars:
@@ -111,18 +115,7 @@ def adamw_kernel(
     """Fused Numba kernel: one pass over memory, 28 bytes moved per parameter
     (read p, g, m, v; write p, m, v), parallel over the shard."""
     _check_shard(param, grad, exp_avg, exp_avg_sq)
-    scalars = (
-        s.decay,
-        s.one_minus_beta1,
-        s.lerp_from_end,
-        s.one_minus_weight,
-        s.beta2,
-        s.one_minus_beta2,
-        s.step_size,
-        s.bias_correction2_sqrt,
-        s.eps,
-    )
-    _adamw_kernel(param, grad, exp_avg, exp_avg_sq, scalars)
+    _adamw_kernel(param, grad, exp_avg, exp_avg_sq, s.kernel_args())
 
 
 def _check_shard(*arrays: np.ndarray) -> None:
