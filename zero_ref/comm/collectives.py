@@ -79,6 +79,10 @@ class Comm:
         self.step: int | None = None  # labels for the collectives that follow
         self.where = ""
 
+    def track_memory(self, memory) -> None:
+        """Register buffers this Comm keeps between calls with an engine's memory ledger:
+        a host Comm keeps none (the staged Comm of --device gpu does)."""
+
     # ---- collective-schedule checking (debug)
     def set_context(self, step: int | None = None, where: str | None = None) -> None:
         """Label the collectives that follow: the step, and where in it ("forward hidden")."""

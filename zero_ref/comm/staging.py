@@ -59,14 +59,28 @@ class HostStaging:
         self.comm = comm
         self.host_empty = host_empty or (lambda n, dtype: np.empty(n, dtype))
         self.buffers: dict[tuple[int, str], np.ndarray] = {}
+        self.memory = None  # an engine's MemoryLedger, once track_memory is called
 
     def buffer(self, slot: int, numel: int, dtype: np.dtype) -> np.ndarray:
         """numel elements of host buffer `slot` for `dtype` (grown when too small)."""
-        key = (slot, np.dtype(dtype).str)
+        key = (slot, np.dtype(dtype).name)
         held = self.buffers.get(key)
         if held is None or held.size < numel:
             held = self.buffers[key] = self.host_empty(max(numel, 1), np.dtype(dtype))
+            self._register(key, held)
         return held[:numel]
+
+    def track_memory(self, memory) -> None:
+        """Count the buffers, from now on, in `memory` (a MemoryLedger): they are RAM
+        (pinned on a GPU) that the process holds for as long as it runs."""
+        self.memory = memory
+        for key, held in self.buffers.items():
+            self._register(key, held)
+
+    def _register(self, key: tuple[int, str], held: np.ndarray) -> None:
+        if self.memory is not None:  # a grown buffer replaces the old one under its name
+            slot = "send" if key[0] == self.SEND else "recv"
+            self.memory.hold("buffers", f"host staging ({slot}, {key[1]})", held)
 
     def held_bytes(self) -> int:
         return sum(b.nbytes for b in self.buffers.values())
@@ -102,6 +116,10 @@ class StagedComm:
 
     def __getattr__(self, name: str):
         return getattr(self.host, name)  # rank, size, ledger, reduction, allreduce_int64 ...
+
+    def track_memory(self, memory) -> None:
+        """The host staging buffers go into an engine's memory ledger (as RAM)."""
+        self.staging.track_memory(memory)
 
     def __setattr__(self, name: str, value) -> None:
         if name in ("host", "staging", "path"):

@@ -102,8 +102,9 @@ class Stage0DataParallel:
         self.place = placement_for(cfg.device, self.memory, self.where)  # model-sized arrays
         self.host = HostPlacement(self.memory)  # RAM, whatever the device (ZeRO-Offload)
         self.compute = compute_for(
-            cfg.device, cfg.offload_optimizer, self.host, comm.ledger, self.where
+            cfg.device, cfg.offload_optimizer, self.host, self.place, comm.ledger
         )
+        comm.track_memory(self.memory)  # host staging buffers (--device gpu), if any
         self.precision = Precision.of(cfg)  # the dtype of each kind of array
         self.scaler: LossScaleState | None = None  # fp16's loss scaler
         if self.precision.scaled:

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from zero_ref.gpu import kernels
-from zero_ref.gpu.device import Where, as_array, device_array
 from zero_ref.optim.gradnorm import BIN_SHAPE, bins_to_float
 
 CHUNK = 1 << 18  # elements per scratch piece
@@ -26,8 +25,8 @@ CHUNK = 1 << 18  # elements per scratch piece
 class DeviceCompute:
     """The GPU path's update phase: CUDA kernels on device arrays."""
 
-    def __init__(self, where: Where) -> None:
-        self.where = where  # for an out-of-memory message
+    def __init__(self, place) -> None:
+        self.place = place  # the engine's DevicePlacement: scratch is in its memory ledger
         self.scratch: dict[str, object] = {}  # float32 device pieces, made once, reused
 
     def owned_for_update(self, owned: list) -> list:
@@ -40,8 +39,8 @@ class DeviceCompute:
         """The first n elements of a reused float32 device scratch (n <= CHUNK), made
         again larger only when a piece outgrows it."""
         held = self.scratch.get(what)
-        if held is None or held.shape[0] < n:
-            held = as_array(device_array(n, np.float32, f"the update's {what}", self.where))
+        if held is None or held.shape[0] < n:  # registered as a buffer on the device
+            held = self.place.empty("buffers", f"update scratch: {what}", n, np.float32)
             self.scratch[what] = held
         return held[:n]
 
