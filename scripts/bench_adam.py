@@ -27,12 +27,12 @@ The last line printed is one JSON object with every number.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
 import numba
 import numpy as np
+from bench_common import add_record_flag, emit
 
 from zero_ref.config import AdamWConfig
 from zero_ref.optim.adamw import adamw_kernel, adamw_reference, adamw_scalars
@@ -122,6 +122,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--threads", type=int, default=numba.config.NUMBA_NUM_THREADS)
     p.add_argument("--stream-numel", type=float, default=5e7)
+    add_record_flag(p, "bench_adam")
     args = p.parse_args()
     numba.set_num_threads(args.threads)
     sizes = [int(n) for n in args.sizes]
@@ -147,7 +148,7 @@ def main() -> None:
         "fraction_of_roofline_at_5e7": at_5e7[0] if at_5e7 else None,
         "load_average": os.getloadavg()[0],
     }
-    print(json.dumps(result))
+    emit(result, args.record)
 
 
 if __name__ == "__main__":

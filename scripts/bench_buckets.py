@@ -25,7 +25,7 @@ import argparse
 import statistics
 import time
 
-from bench_common import emit, load_average
+from bench_common import add_record_flag, emit, load_average
 from mpi4py import MPI
 
 from zero_ref.app.cli import parse_args
@@ -64,6 +64,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--sizes", type=int, nargs="+", default=SIZES)
+    add_record_flag(p, "bench_buckets")
     a = p.parse_args()
     world = MPI.COMM_WORLD
     runs = {b: build(b, a, world) for b in a.sizes}
@@ -105,7 +106,9 @@ def main() -> None:
             "padded_numel": numel,
             "rows": rows,
             "load_average": load_average(),
-        }
+        },
+        a.record,
+        world.size,
     )
 
 

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_common import emit, load_average
+from bench_common import add_record_flag, emit, load_average
 
 from zero_ref.app.cli import parse_args
 from zero_ref.checkpoint.consolidate import WINDOW_NUMEL
@@ -286,6 +286,7 @@ def main() -> None:
     p.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()))
     p.add_argument("--keep", action="store_true", help="leave the temporary folder in place")
     p.add_argument("--timeout-s", type=float, default=1800.0, help="per command")
+    add_record_flag(p, "bench_checkpoint")
     a = p.parse_args()
     if (a.micro_batch_size * a.ranks) % a.reshard_ranks:
         p.error(f"--reshard-ranks {a.reshard_ranks} does not divide the global batch")
@@ -299,7 +300,7 @@ def main() -> None:
             shutil.rmtree(a.tmp, ignore_errors=True)
     result["load_average"] = load_average()
     print(table(result))
-    emit(result)
+    emit(result, a.record)
 
 
 if __name__ == "__main__":

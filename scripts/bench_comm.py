@@ -33,6 +33,7 @@ import argparse
 
 import numpy as np
 from bench_common import (
+    add_record_flag,
     emit,
     gather_medians,
     load_average,
@@ -200,6 +201,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
+    add_record_flag(p, "bench_comm")
     args = p.parse_args()
     args.bucket_numel = args.bucket_numel or int(2 * args.params)
     return args
@@ -238,7 +240,9 @@ def main() -> None:
                 k: {f: v[f] for f in ("calls", "sent_bytes", "recv_bytes")} for k, v in last.items()
             },
             "load_average": load_average(),
-        }
+        },
+        args.record,
+        mpi.Get_size(),
     )
 
 

@@ -22,6 +22,7 @@ import zero_ref  # noqa: F401  first: sets each rank's thread budget before NumP
 import argparse
 
 from bench_common import (
+    add_record_flag,
     emit,
     gather_medians,
     load_average,
@@ -103,6 +104,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
+    add_record_flag(p, "bench_determinism")
     args = p.parse_args()
     mpi = MPI.COMM_WORLD.Dup()
     model = replay_model(int(args.params), args.units)
@@ -124,7 +126,9 @@ def main() -> None:
                 "steps": args.steps,
                 "stages": rows,
                 "load_average": load_average(),
-            }
+            },
+            args.record,
+            mpi.Get_size(),
         )
 
 

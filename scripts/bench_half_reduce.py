@@ -40,13 +40,13 @@ Rank 0 prints a table; the last line is one JSON object.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from collections.abc import Callable
 
 import ml_dtypes
 import mpi4py
 import numpy as np
+from bench_common import add_record_flag, emit, load_average
 from mpi4py import MPI
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -276,6 +276,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--numel", type=int, default=4_194_304, help="elements per rank's send")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    add_record_flag(p, "bench_half_reduce")
     return p.parse_args()
 
 
@@ -287,7 +288,7 @@ def main() -> None:
     result = run(mpi, args)
     if mpi.Get_rank() == 0:
         print_table(result)
-        print(json.dumps(result), flush=True)
+        emit({**result, "load_average": load_average()}, args.record, mpi.Get_size())
 
 
 if __name__ == "__main__":

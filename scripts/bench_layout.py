@@ -32,7 +32,7 @@ import argparse
 import os
 
 import numpy as np
-from bench_common import emit, gather_medians, load_average
+from bench_common import add_record_flag, emit, gather_medians, load_average
 from mpi4py import MPI
 
 from zero_ref.layout.flat import padded_numel
@@ -118,6 +118,7 @@ def main() -> None:
     )  # numel % 4 != 0
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeats", type=int, default=20)
+    add_record_flag(p, "bench_layout")
     args = p.parse_args()
     mpi = MPI.COMM_WORLD.Dup()
     w = mpi.Get_size()
@@ -137,7 +138,9 @@ def main() -> None:
                 "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
                 "sizes": rows,
                 "load_average": load_average(),
-            }
+            },
+            args.record,
+            w,
         )
 
 

@@ -27,6 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench_common import add_record_flag, emit
+
 from zero_ref.app.cli import parse_args
 from zero_ref.engine.memory import formula_bytes, paper_formula_bytes
 from zero_ref.estimate import estimate_for, model_for
@@ -193,9 +195,10 @@ def main() -> None:
     p.add_argument("--no-plot", dest="plot", action="store_const", const=None)
     p.add_argument("--timeout-s", type=float, default=1800.0, help="per mpirun")
     p.add_argument("--from-json", type=Path, help="no runs: tables and plot from a JSON line")
+    add_record_flag(p, "bench_memory")
     a = p.parse_args()
     if a.from_json:  # the measurements of an earlier run, with its settings
-        saved = json.loads(a.from_json.read_text().strip().splitlines()[-1])
+        saved = read_result(a.from_json)
         results = saved.pop("sizes")
         for key in ("ranks", "context", "steps", "export", "budget_gib", "load_average"):
             setattr(a, key, saved[key])
@@ -214,7 +217,16 @@ def main() -> None:
     out = {"ranks": a.ranks, "context": a.context, "steps": a.steps, "export": a.export}
     out["checkpoint_activations"] = a.checkpoint_activations
     out.update(budget_gib=a.budget_gib, load_average=a.load_average, targets=checked)
-    print(json.dumps({**out, "sizes": results}))
+    emit({**out, "sizes": results}, None if a.from_json else a.record)
+
+
+def read_result(path: Path) -> dict:
+    """A recorded result (docs/results/*.json) or a run's output, its JSON line last."""
+    text = path.read_text().strip()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return json.loads(text.splitlines()[-1])
 
 
 def _fmt(v) -> str:

@@ -54,6 +54,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
+from bench_common import add_record_flag, emit  # noqa: E402
 
 from zero_ref.app.cli_flags import DEFAULTS, MODEL_DEFAULTS  # noqa: E402
 from zero_ref.app.data import default_text, encode_corpus, sequence_batches  # noqa: E402
@@ -295,6 +296,7 @@ def main() -> None:
     p.add_argument("--reps-10m", type=int, default=4, help="timed steps of the 10M model")
     p.add_argument("--gemm-reps", type=int, default=20)
     p.add_argument("--child", choices=POLICIES, help=argparse.SUPPRESS)
+    add_record_flag(p, "bench_model")
     args = p.parse_args()
 
     vocab, tokens = encode_corpus(default_text())
@@ -327,7 +329,7 @@ def main() -> None:
         "targets": targets,
         "load_average": os.getloadavg()[0],
     }
-    print(json.dumps(result))
+    emit(result, args.record)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from bench_common import emit, load_average, replay_model
+from bench_common import add_record_flag, emit, load_average, replay_model
 from mpi4py import MPI
 
 from zero_ref.comm.collectives import comm_for
@@ -206,6 +206,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--nvme-path", default="/tmp")
     p.add_argument("--timeline", type=Path, help="draw rank 0's last offloaded step here")
+    add_record_flag(p, "bench_offload")
     a = p.parse_args()
     world = MPI.COMM_WORLD
     baseline = status_kib("VmHWM") * 1024  # imports and MPI, before any engine
@@ -261,7 +262,7 @@ def main() -> None:
         f"{result['offload_over_max_disk_ram']:.2f}",
         flush=True,
     )
-    emit(result)
+    emit(result, a.record, world.size)
 
 
 if __name__ == "__main__":

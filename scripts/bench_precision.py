@@ -34,7 +34,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_common import emit, load_average
+from bench_common import add_record_flag, emit, load_average
 
 from zero_ref.app.data import encode_corpus, load_text, unigram_entropy
 from zero_ref.engine.memory import paper_formula_bytes
@@ -282,6 +282,7 @@ def parse() -> argparse.Namespace:
     )
     p.add_argument("--skip-loss", action="store_true", help="skip part (b)")
     p.add_argument("--timeout-s", type=float, default=1800.0, help="per mpirun")
+    add_record_flag(p, "bench_precision")
     return p.parse_args()
 
 
@@ -307,7 +308,8 @@ def main() -> None:
             "targets": checked,
             "speed": speed,
             "loss": loss,
-        }
+        },
+        a.record,
     )
 
 

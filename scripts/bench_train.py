@@ -1,6 +1,6 @@
 """Tokens per second of the default GPT at each ZeRO stage, side by side in one run.
 
-    python scripts/bench_train.py --world 4 --steps 40
+    python scripts/bench_train.py --world 4 --steps 40 [--record]
 
 Runs `mpirun -n W python -m zero_ref.train --stage S --quiet --log-jsonl ...` for
 each stage (interleaved over --rounds, so a noisy neighbour hurts all stages
@@ -18,6 +18,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from bench_common import add_record_flag, emit, load_average
 
 
 def run_stage(stage: int, a: argparse.Namespace, log: Path) -> list[dict]:
@@ -54,9 +56,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--stages", type=int, nargs="+", default=[0, 1, 2, 3])
     p.add_argument("extra", nargs="*", help="more flags for zero_ref.train (after --)")
+    add_record_flag(p, "bench_train")
     a = p.parse_args()
     times: dict[int, list[float]] = {s: [] for s in a.stages}
-    tokens_per_step, sent = {}, {}
+    tokens_per_step, sent, numel = {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):
             for stage in a.stages:
@@ -65,6 +68,7 @@ def main() -> None:
                 times[stage] += [x["step_time_s"] for x in steps]
                 tokens_per_step[stage] = steps[0]["tokens_per_s"] * steps[0]["step_time_s"]
                 sent[stage] = steps[-1]["sent_bytes"]
+                numel[stage] = records[-1]["numel_padded"]
     median = {s: statistics.median(t) for s, t in times.items()}
     print(f"{'stage':>5} {'median step ms':>15} {'tokens/s':>10} {'sent MiB/step':>14}")
     for s in a.stages:
@@ -72,13 +76,19 @@ def main() -> None:
         print(f"{s:>5} {median[s] * 1e3:>15.1f} {tps:>10,.0f} {sent[s] / 2**20:>14.3f}")
     result = {
         "world_size": a.world,
+        "steps": a.steps,
+        "warmup": a.warmup,
+        "rounds": a.rounds,
+        "extra_flags": a.extra,
+        "numel_padded": numel,
         "median_step_s": median,
         "tokens_per_s": {s: tokens_per_step[s] / median[s] for s in a.stages},
         "sent_bytes_per_step": sent,
     }
     if 0 in median and 3 in median:
         result["stage3_over_stage0_step_time"] = median[3] / median[0]
-    print(json.dumps(result))
+    result["load_average"] = load_average()
+    emit(result, a.record)
 
 
 if __name__ == "__main__":

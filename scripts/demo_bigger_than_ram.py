@@ -36,6 +36,8 @@ import threading
 import time
 from pathlib import Path
 
+from bench_common import add_record_flag, emit, load_average
+
 from zero_ref.app.data import encode_corpus, load_text
 from zero_ref.models.gpt import GPTConfig, param_numel
 
@@ -119,6 +121,7 @@ def main() -> None:
     p.add_argument("--context", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=8, help="sequences per step, all ranks")
     p.add_argument("--lr", type=float, help="default: 2e-6 x sqrt(2e8 / params), below")
+    add_record_flag(p, "demo_bigger_than_ram")
     a = p.parse_args()
     a.nvme_path.mkdir(parents=True, exist_ok=True)
     mem_total = meminfo_bytes("MemTotal")
@@ -171,6 +174,8 @@ def main() -> None:
         "step_s": [r["step_time_s"] for r in steps],
         "losses": losses,
         "wall_s": wall,
+        "lr": a.lr,
+        "load_average": load_average(),
         "checks": {
             "model_states_at_least_ratio_x_ram": state_bytes >= a.ratio * mem_total,
             "loss_fell": len(losses) >= 2 and losses[-1] < losses[0],
@@ -185,7 +190,7 @@ def main() -> None:
         f"lowest MemAvailable {sampler.lowest / 2**30:.1f} GiB",
         flush=True,
     )
-    print(json.dumps(result), flush=True)
+    emit(result, a.record)
     sys.exit(0 if all(result["checks"].values()) else 1)
 
 
