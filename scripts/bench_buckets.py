@@ -103,6 +103,8 @@ def main() -> None:
         {
             "stage": a.stage,
             "ranks": world.size,
+            "d_model": a.d_model,
+            "steps": a.steps,
             "padded_numel": numel,
             "rows": rows,
             "load_average": load_average(),
