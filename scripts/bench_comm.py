@@ -120,9 +120,9 @@ class SyncedComm(Comm):
         self.mpi.Barrier()
         self.wait_s += MPI.Wtime() - t0
 
-    def _timed(self, kind, n_block, factor, fn) -> None:
+    def _timed(self, *args) -> None:
         self._barrier()
-        super()._timed(kind, n_block, factor, fn)
+        super()._timed(*args)
 
     def allreduce_float64(self, value: float, kind: str) -> float:
         self._barrier()
