@@ -69,7 +69,7 @@ def time_stage(mpi, model, params, stage: int, args) -> dict[str, list[float]]:
 
 def norm_seconds(engine, repeats: int) -> dict[str, list[float]]:
     """Seconds of this rank's norm partial over the gradient it owns, fast vs exact."""
-    grads = [g for _, g, _, _ in engine.owned_slices()]
+    grads = [owned[1] for owned in engine.owned_slices()]  # (param, grad, master, m, v)
     out = {}
     for name, partial in (("norm_fast_s", sumsq_fast), ("norm_exact_s", sumsq_bins)):
         out[name] = []
