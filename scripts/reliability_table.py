@@ -1,13 +1,15 @@
-"""The reliability table of docs/reliability.md, produced from the failure tests.
+"""The reliability table of docs/reliability.md, measured by the failure tests.
 
 Runs tests/test_failures.py with ZERO_REF_RELIABILITY_JSONL set, so that each
 fault case appends one row (fault injected, how the job ended, exit code, time
-to exit), and prints the rows as a Markdown table. With --write it also
-replaces the table between the markers in docs/reliability.md.
+to exit), and prints the rows as a Markdown table and, last, one JSON line. With
+--record (only when every case passed) the JSON also goes to
+docs/results/reliability.json, from which scripts/doc_tables.py writes the table
+into docs/reliability.md.
 
-    python scripts/reliability_table.py [--write]
+    python scripts/reliability_table.py [--record]
 
-Exit status is pytest's: a table is only written from a run where every case passed.
+Exit status is pytest's.
 """
 
 from __future__ import annotations
@@ -20,9 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-DOC = REPO / "docs" / "reliability.md"
-BEGIN, END = "<!-- reliability-table -->", "<!-- /reliability-table -->"
+from bench_common import REPO, add_record_flag, emit, load_average
+from doc_tables_render import reliability_table
 
 
 def run_failure_tests(rows_path: Path) -> int:
@@ -31,50 +32,18 @@ def run_failure_tests(rows_path: Path) -> int:
     return subprocess.run(cmd, cwd=REPO, env=env).returncode
 
 
-def exit_code(row: dict) -> str:
-    code = row["exit_code"]
-    return "-9 (writer)" if code is None else str(code)
-
-
-def time_to_exit(row: dict) -> str:
-    if row.get("timing") == "whole job":
-        return f"{row['seconds']:.1f} s (whole job)"
-    return f"{row['seconds']:.2f} s after the fault"
-
-
-def markdown(rows: list[dict]) -> str:
-    lines = [
-        "| case | fault injected | how it ended | ranks | exit code | time to exit |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        fault = f"`{r['fault']}`" if ":rank=" in r["fault"] else r["fault"]
-        cells = [r["case"], fault, r["ended"], str(r.get("ranks", 4))]
-        lines.append("| " + " | ".join([*cells, exit_code(r), time_to_exit(r)]) + " |")
-    return "\n".join(lines)
-
-
-def write_into_doc(table: str) -> None:
-    text = DOC.read_text()
-    head, _, rest = text.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    DOC.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--write", action="store_true", help=f"replace the table in {DOC.name}")
+    add_record_flag(p, "reliability")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         rows_path = Path(tmp) / "rows.jsonl"
         status = run_failure_tests(rows_path)
         lines = rows_path.read_text().splitlines() if rows_path.exists() else []
         rows = [json.loads(line) for line in lines]
-    table = markdown(rows)
-    print(table)
-    if args.write and status == 0:
-        write_into_doc(table)
-        print(f"wrote the table into {DOC.relative_to(REPO)}")
+    print(reliability_table(rows))
+    result = {"pytest_exit": status, "rows": rows, "load_average": load_average()}
+    emit(result, args.record if status == 0 else None)
     return status
 
 
