@@ -1,12 +1,23 @@
 """Draw one training step of --trace files as timelines, one row of lanes per file.
 
     python scripts/plot_trace.py runs/trace_stage*.json --out docs/img/stages_timeline.png
+    python scripts/plot_trace.py runs/trace_fp16.json:3 runs/trace_fp16.json:4 --out f.png
 
 For each trace (a run of `python -m zero_ref.train --trace FILE`), rank 0's last
-step: its units' forward and backward (lane "compute"), its collectives, colored by
-kind, with their bytes in the legend (lane "collectives"), and the optimizer step
-(lane "optimizer"). Times are from the start of that step. Every figure is checked
-for anything drawn outside its axes before it is saved (scripts/plot_run.py).
+step, or with FILE:N the N-th optimizer step the trace holds, or with ":optimizer"
+after either only that step's optimizer step, on its own time scale: its units'
+forward and backward (lane "compute"), its collectives, colored by kind, with their
+bytes in the title (lane "collectives"), and the optimizer step (lane "optimizer").
+Lanes only some runs have are drawn when a trace holds them: host<->device copies
+(--device gpu: lane "copies", their bytes in the title), and the offloaded
+optimizer's swap-file reads, AdamW sub-groups and writes, which
+scripts/trace_offload.py adds. With a --log-jsonl log beside the trace (FILE.jsonl
+for FILE.json) the title says the step's loss scale and whether it was skipped.
+
+Times are from the start of that step. --order draws the events in the order they
+began, one slot each, instead of by time: for numba-cuda's simulator, where a kernel
+takes seconds and a copy microseconds. Every figure is checked for anything drawn
+outside its axes before it is saved (scripts/plot_run.py).
 """
 
 from __future__ import annotations
@@ -22,69 +33,226 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from plot_run import save  # noqa: E402  (beside this script: the same axes check)
 
-ROWS = {"optimizer": 0, "collectives": 1, "compute": 2}
+LANES = (  # bottom to top; a trace's lanes are drawn only if it has events in them
+    "optimizer",
+    "swap writes",
+    "adamw sub-groups",
+    "swap reads",
+    "copies",
+    "collectives",
+    "compute",
+)
 COLORS = {
     "allgather": "tab:blue",
     "reduce_scatter": "tab:purple",
     "allreduce": "tab:orange",
     "norm": "tab:red",
+    "nonfinite": "magenta",
     "loss": "tab:green",
 }
+COPY_COLORS = {
+    "device_to_host": "tab:brown",
+    "host_to_device": "tab:pink",
+    "offload_grads_to_host": "goldenrod",
+    "offload_params_to_device": "teal",
+}
+SWAP_COLORS = {"swap reads": "navy", "adamw sub-groups": "darkorange", "swap writes": "darkgreen"}
 
 
-def last_step(events: list[dict], rank: int = 0) -> tuple[list[dict], float]:
-    """Rank's events of its last optimizer step, and when that step began (us): from
-    the end of the previous optimizer step to the end of this one."""
+def parse_spec(spec: str) -> tuple[Path, int | None, bool]:
+    """A spec FILE, FILE:N, FILE:optimizer or FILE:N:optimizer as (the trace, its N-th
+    optimizer step or None for the last, whether to draw the optimizer step alone)."""
+    rest, zoom = spec, spec.endswith(":optimizer")
+    if zoom:
+        rest = spec[: -len(":optimizer")]
+    path, _, step = rest.rpartition(":")
+    if path and step.isdigit():
+        return Path(path), int(step), zoom
+    return Path(rest), None, zoom
+
+
+def step_events(
+    events: list[dict], step: int | None, zoom: bool = False, rank: int = 0
+) -> tuple[list[dict], float]:
+    """Rank's events of its step-th optimizer step (1-based; None: the last), and when
+    that step began (us): from the end of the previous optimizer step to the end of
+    this one, or (zoom) the optimizer step's own span."""
     mine = [e for e in events if e.get("pid") == rank and e.get("ph") == "X"]
     steps = sorted((e for e in mine if e["cat"] == "optimizer"), key=lambda e: e["ts"])
-    end = steps[-1]["ts"] + steps[-1]["dur"]
-    start = steps[-2]["ts"] + steps[-2]["dur"] if len(steps) > 1 else 0.0
+    i = len(steps) - 1 if step is None else step - 1
+    if not 0 <= i < len(steps):
+        raise SystemExit(f"step {step}: the trace holds {len(steps)} optimizer steps")
+    end = steps[i]["ts"] + steps[i]["dur"]
+    start = steps[i - 1]["ts"] + steps[i - 1]["dur"] if i > 0 else 0.0
+    if zoom:
+        start = steps[i]["ts"]
     return [e for e in mine if start <= e["ts"] < end], start
 
 
-def draw(ax, events: list[dict], start: float, title: str) -> dict[str, int]:
-    """The lanes of one step on ax; returns bytes sent per collective kind."""
-    sent: dict[str, int] = defaultdict(int)
-    end = max(e["ts"] + e["dur"] for e in events)
-    for e in events:
-        row = ROWS[e["cat"]]
-        t0, dur = (e["ts"] - start) / 1e3, e["dur"] / 1e3  # ms
+def color_of(e: dict) -> str:
+    if e["cat"] == "collectives":
+        return COLORS.get(e["name"], "0.5")
+    if e["cat"] == "copies":
+        return COPY_COLORS[e["name"]]
+    if e["cat"] == "compute":
+        return "tab:cyan" if e["name"].startswith("forward") else "tab:olive"
+    return SWAP_COLORS.get(e["cat"], "0.3")
+
+
+def placed(events: list[dict], start: float, order: bool) -> list[tuple[dict, float, float]]:
+    """(event, x, width) per event: ms from `start`, or (order) slots in the order the
+    events began, an optimizer step spanning the slots of the events inside it."""
+    if not order:
+        return [(e, (e["ts"] - start) / 1e3, max(e["dur"] / 1e3, 1e-3)) for e in events]
+    ordered = sorted(events, key=lambda e: (e["ts"], e["cat"] != "optimizer"))
+    out = []
+    for slot, e in enumerate(ordered):
+        began = [s for s, o in enumerate(ordered) if o["ts"] < e["ts"] + e["dur"]]
+        width = max(began) - slot + 1 if e["cat"] == "optimizer" else 1  # to its last inner
+        out.append((e, float(slot), float(width)))
+    return out
+
+
+def sub_rows(bars: list[tuple[dict, float, float]]) -> dict[int, tuple[int, int]]:
+    """id(event) -> (its sub-row, the sub-rows of its lane) for the offload pipeline's
+    sub-group events: each bar goes in the lowest sub-row free when it starts, so reads
+    (or writes) that the two I/O threads run at once are drawn one above the other."""
+    found, ends = {}, defaultdict(list)  # ends: lane -> each sub-row's last end
+    for e, x, width in sorted(bars, key=lambda bar: bar[1]):
+        if "sub_group" in e["args"]:
+            lane = ends[e["cat"]]
+            row = next((i for i, end in enumerate(lane) if end <= x), len(lane))
+            if row == len(lane):
+                lane.append(0.0)
+            lane[row] = x + width
+            found[id(e)] = (row, e["cat"])
+    return {key: (row, len(ends[lane])) for key, (row, lane) in found.items()}
+
+
+def bar_span(e: dict, row: int, subs: dict[int, tuple[int, int]]) -> tuple[float, float]:
+    """(bottom, height) of an event's bar: its lane's row, or its sub-row there."""
+    sub, count = subs.get(id(e), (0, 1))
+    return row - 0.35 + 0.7 * sub / count, 0.7 / count
+
+
+def draw(ax, events: list[dict], start: float, order: bool = False) -> dict[str, dict]:
+    """The lanes of one step on ax; returns its bytes: "sent" per collective kind,
+    "copied" per copy kind, "swap" read and written."""
+    moved = {"sent": defaultdict(int), "copied": defaultdict(int), "swap": defaultdict(int)}
+    lanes = [lane for lane in LANES if any(e["cat"] == lane for e in events)]
+    rows = {lane: row for row, lane in enumerate(lanes)}
+    right = 0.0
+    bars = placed(events, start, order)
+    edges = {"edgecolor": "white", "linewidth": 1.0} if order else {}  # slots apart
+    subs = sub_rows(bars)
+    for e, x, width in bars:
+        bottom, height = bar_span(e, rows[e["cat"]], subs)
+        ax.broken_barh([(x, width)], (bottom, height), color=color_of(e), **edges)
+        if "sub_group" in e["args"]:  # which sub-group, as bench_offload.py labels them
+            where = (x + width / 2, bottom + height / 2)
+            label = str(e["args"]["sub_group"])
+            ax.annotate(label, where, ha="center", va="center", size=6, color="white")
+        right = max(right, x + width)
         if e["cat"] == "collectives":
-            color = COLORS.get(e["name"], "0.5")
-            sent[e["name"]] += e["args"].get("sent_bytes", 0)
-        elif e["cat"] == "compute":
-            color = "tab:cyan" if e["name"].startswith("forward") else "tab:olive"
-        else:
-            color = "0.3"
-        ax.broken_barh([(t0, max(dur, 1e-3))], (row - 0.35, 0.7), color=color)
-    ax.set_yticks(list(ROWS.values()), list(ROWS))
-    ax.set_xlim(0, (end - start) / 1e3 * 1.02)
-    ax.set_ylim(-0.6, len(ROWS) - 0.4)
-    ax.set_title(title, fontsize=9)
-    return sent
+            moved["sent"][e["name"]] += e["args"].get("sent_bytes", 0)
+        elif e["cat"] == "copies":
+            moved["copied"][e["name"]] += e["args"]["bytes"]
+        elif e["cat"] in ("swap reads", "swap writes"):
+            moved["swap"][e["cat"]] += e["args"]["bytes"]
+    ax.set_yticks(list(rows.values()), list(rows))
+    ax.set_xlim(0, right * 1.02)
+    ax.set_ylim(-0.6, len(rows) - 0.4)
+    return {k: dict(v) for k, v in moved.items()}
+
+
+def step_record(path: Path, step: int | None) -> dict | None:
+    """The --log-jsonl record of that step, from FILE.jsonl beside FILE.json, if any."""
+    log = path.with_suffix(".jsonl")
+    if not log.exists():
+        return None
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    steps = [r for r in records if not r.get("final")]
+    return steps[-1] if step is None else steps[step - 1]
+
+
+def listed(nbytes: dict[str, int]) -> str:
+    return ", ".join(f"{kind} {n:,} B" for kind, n in sorted(nbytes.items()))
+
+
+def title(path: Path, step: int | None, zoom: bool, moved: dict[str, dict]) -> str:
+    which = "last step" if step is None else f"step {step}"
+    if zoom:
+        which = f"the optimizer in its {which}"
+    record = step_record(path, step)
+    if record is not None and record.get("skipped"):
+        which += f" (skipped, loss scale {record['loss_scale']:,.0f})"
+    elif record is not None and record.get("loss_scale", 1) != 1:
+        which += f" (loss scale {record['loss_scale']:,.0f})"
+    lines = [f"{path.stem}: rank 0, {which}; sent {listed(moved['sent'])}"]
+    if moved["copied"]:
+        lines.append(f"copied {listed(moved['copied'])}")
+    if moved["swap"]:
+        lines.append(listed(moved["swap"]))
+    return "\n".join(lines)
+
+
+def legend_entries(events: list[dict]) -> dict[str, str]:
+    """Label -> color of every kind of bar drawn but the compute and optimizer lanes'."""
+    entries = {}
+    for e in events:
+        if e["cat"] in ("collectives", "copies"):
+            entries[e["name"]] = color_of(e)
+        elif e["cat"] in SWAP_COLORS:
+            entries[e["cat"]] = SWAP_COLORS[e["cat"]]
+    return entries
+
+
+def figure(specs: list[str], order: bool = False) -> tuple[plt.Figure, dict]:
+    """The figure of one step per spec (parse_spec), and the bytes it shows per spec."""
+    drawn = [parse_spec(s) for s in specs]
+    steps = []
+    for path, step, zoom in drawn:
+        events = json.loads(path.read_text())["traceEvents"]
+        steps.append(step_events(events, step, zoom))
+    heights = [0.6 + 0.45 * len({e["cat"] for e in ev}) for ev, _ in steps]
+    fig, axes = plt.subplots(
+        len(drawn), 1, figsize=(10, sum(heights) + 0.6), squeeze=False,
+        gridspec_kw={"height_ratios": heights},
+    )  # fmt: skip
+    summary, entries = {}, {}
+    for ax, (path, step, zoom), (events, start) in zip(axes[:, 0], drawn, steps, strict=True):
+        moved = draw(ax, events, start, order)
+        ax.set_title(title(path, step, zoom, moved), fontsize=8)
+        if zoom:
+            ax.set_xlabel("ms into the optimizer step", fontsize=8)
+        summary[f"{path.stem}:{step or 'last'}{':optimizer' if zoom else ''}"] = moved
+        entries.update(legend_entries(events))
+    unit = "events in the order they began (one slot each)" if order else "ms into the step"
+    if not drawn[-1][2]:  # a zoomed panel has its own label
+        axes[-1, 0].set_xlabel(f"{unit} (forward: cyan, backward: olive)")
+    known = [*COLORS, *COPY_COLORS, *SWAP_COLORS, *entries]  # the legend in this order
+    entries = {k: entries[k] for k in dict.fromkeys(known) if k in entries}
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in entries.values()]
+    fig.legend(handles, list(entries), loc="upper right", ncol=min(len(entries), 6), fontsize=7)
+    top = 1 - 0.25 * (1 + (len(entries) - 1) // 6) / (sum(heights) + 0.6)
+    fig.tight_layout(rect=(0, 0, 1, top))
+    return fig, summary
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("traces", nargs="+", type=Path)
+    p.add_argument(
+        "traces",
+        nargs="+",
+        help="FILE (its last step), FILE:N (step N); :optimizer after either: that alone",
+    )
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--order", action="store_true", help="x: the events' order, not time")
     a = p.parse_args()
-    fig, axes = plt.subplots(len(a.traces), 1, figsize=(10, 1.9 * len(a.traces)), squeeze=False)
-    summary = {}
-    for ax, path in zip(axes[:, 0], a.traces, strict=True):
-        events = json.loads(path.read_text())["traceEvents"]
-        step, start = last_step(events)
-        sent = draw(ax, step, start, "")
-        kinds = ", ".join(f"{k} {v:,} B" for k, v in sorted(sent.items()))
-        ax.set_title(f"{path.stem}: rank 0, last step; sent {kinds}", fontsize=8)
-        summary[path.stem] = dict(sent)
-    axes[-1, 0].set_xlabel("ms into the step (forward: cyan, backward: olive)")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
-    fig.legend(handles, list(COLORS), loc="upper right", ncol=5, fontsize=7)
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig, summary = figure(a.traces, a.order)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     save(fig, a.out)
-    print(json.dumps({"written": str(a.out), "sent_bytes": summary}))
+    print(json.dumps({"written": str(a.out), "bytes": summary}))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,10 @@
 
     python scripts/stages_tables.py            # prints the markdown docs/stages.md holds
 
+The fourth table splits the mixed-precision bytes by where they live when the
+optimizer state is offloaded (--offload-optimizer nvme, or cpu with --device gpu)
+and, at stage 3, the parameters too (--offload-param nvme).
+
 tests/test_docs.py checks that docs/stages.md contains exactly what this prints, so
 the tables cannot drift from the formulas the engine's ledger is tested against.
 """
@@ -73,8 +77,29 @@ def projection_table() -> str:
     return "\n".join(lines)
 
 
+def offload_table() -> str:
+    """Where one rank's bytes per parameter live when the optimizer state (and at stage
+    3 the parameters) are offloaded: formula_bytes's categories, bf16, N = 64."""
+    psi, n = 64 * 10**6, 64
+    mixed = element_bytes("bf16", "bf16", "bf16")
+    lines = [
+        "| stage | nothing offloaded | optimizer offloaded: kept + offloaded "
+        "| stage 3, parameters too: kept + on disk |",
+        "|---|---|---|---|",
+    ]
+    for stage, name in STAGES.items():
+        parts = {k: v / psi for k, v in formula_bytes(stage, psi, n, 1, mixed).items()}
+        cells = [f"{sum(parts.values()):.3f}", "- (stages 1-3)", "-"]
+        if stage >= 1:
+            cells[1] = f"{parts['params'] + parts['grads']:g} + {parts['optimizer']:g}"
+        if stage == 3:
+            cells[2] = f"{parts['grads']:g} + {parts['params'] + parts['optimizer']:g}"
+        lines.append(f"| {stage} {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def tables() -> str:
-    return "\n\n".join([bytes_table(), figure1_table(), projection_table()])
+    return "\n\n".join([bytes_table(), figure1_table(), projection_table(), offload_table()])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,153 @@
+"""docs/stages.md's figures of precision, offload, checkpoints and the GPU path, redrawn
+from small runs of the commands the page gives: each figure must have nothing outside
+its axes (scripts/plot_run.py's outside_axes), and the bytes it shows must be the
+run's own (its --log-jsonl ledger, its swap files, its checkpoint's layout)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.mpi_pool import REPO, mpi_env, mpirun_command, run_watched
+
+SCRIPTS = REPO / "scripts"
+TEXT = "Whan that Aprille with his shoures soote the droghte of March hath perced to the roote.\n"
+TINY_GPT = [
+    *("--model", "gpt", "--n-layer", "1", "--n-head", "2", "--d-model", "8"),
+    *("--context", "6", "--batch-size", "4", "--sample-chars", "0", "--quiet"),
+]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "text.txt"
+    path.write_text(TEXT * 20)
+    return str(path)
+
+
+@pytest.fixture
+def scripts(monkeypatch):
+    """The plotting scripts as modules (each imports plot_run from beside it)."""
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import plot_checkpoint
+    import plot_run
+    import plot_trace
+
+    return plot_run, plot_trace, plot_checkpoint
+
+
+def job(world: int, *args: str, env: dict[str, str] | None = None) -> str:
+    """mpirun of `args` on `world` ranks from the repository; its stdout."""
+    p = run_watched(mpirun_command(world, *args), env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p.stdout
+
+
+def last_json(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def drawn(scripts, specs: list[str], out, order: bool = False) -> dict:
+    """figure() of plot_trace, checked for bars outside their axes and saved."""
+    plot_run, plot_trace, _ = scripts
+    fig, summary = plot_trace.figure(specs, order)
+    assert plot_run.outside_axes(fig) == []
+    plot_run.save(fig, out)
+    assert out.stat().st_size > 0
+    return summary
+
+
+def test_precision_figure_shows_a_skipped_fp16_step(scripts, corpus, tmp_path):
+    """fp16 at 2^40: every step overflows and is skipped. The figure says so from the
+    log beside the trace, and its skipped step has the NaN/Inf search and no
+    all-gather (nothing was updated); the bytes it shows are the ledger's."""
+    trace = tmp_path / "trace_fp16.json"
+    job(
+        2, "-m", "zero_ref.train", *TINY_GPT, "--data", corpus, "--stage", "2",
+        "--precision", "fp16", "--initial-scale-power", "40", "--steps", "2",
+        "--trace", str(trace), "--log-jsonl", str(tmp_path / "trace_fp16.jsonl"),
+    )  # fmt: skip
+    summary = drawn(scripts, [f"{trace}:1", str(trace)], tmp_path / "precision.png")
+    _, plot_trace, _ = scripts
+    fig, _ = plot_trace.figure([f"{trace}:1"])
+    assert "skipped, loss scale 1,099,511,627,776" in fig.axes[0].get_title()
+    sent = summary["trace_fp16:last"]["sent"]
+    assert "nonfinite" in sent and "allgather" not in sent
+    final = json.loads((tmp_path / "trace_fp16.jsonl").read_text().splitlines()[-1])
+    ledger = final["ranks"][0]["comm_last_step"]
+    assert sent == {kind: v["sent_bytes"] for kind, v in ledger.items()}
+
+
+def test_offload_figure_shows_every_swap_read_and_write(scripts, corpus, tmp_path):
+    """scripts/trace_offload.py: the swap lanes of the last step hold exactly the bytes
+    the swap files moved in a step, which are master, m and v (12 bytes each)."""
+    (tmp_path / "nvme").mkdir()
+    trace = tmp_path / "trace_offload.json"
+    out = job(
+        2, str(SCRIPTS / "trace_offload.py"), "--out", str(trace), "--", *TINY_GPT,
+        "--data", corpus, "--stage", "3", "--precision", "bf16", "--steps", "2",
+        "--offload-optimizer", "nvme", "--offload-param", "nvme",
+        "--nvme-path", str(tmp_path / "nvme"), "--sub-group-size", "100",
+    )  # fmt: skip
+    held = last_json(out)["rank 0"]
+    summary = drawn(scripts, [str(trace), f"{trace}:optimizer"], tmp_path / "offload.png")
+    swap = summary["trace_offload:last"]["swap"]
+    assert swap == {
+        "swap reads": held["read_bytes_per_step"],
+        "swap writes": held["written_bytes_per_step"],
+    }
+    assert swap["swap reads"] == held["disk_bytes"]["optimizer"]
+    assert held["ram_bytes"]["optimizer"] == held["ram_bytes"]["params"] == 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("cat") == "adamw sub-groups" for e in events)
+
+
+def test_checkpoint_figure_shows_each_new_rank_reading_its_slices(scripts, corpus, tmp_path):
+    """Saved by 2 ranks, resumed by 3 at stage 3 (scripts/trace_resume.py): each unit's
+    real elements are read exactly once per kind over the new ranks, from the old
+    rank whose slice holds them."""
+    ckpt, reads = tmp_path / "ckpt", tmp_path / "resume_stage3.json"
+    flags = [*TINY_GPT, "--data", corpus, "--stage", "3", "--steps", "1"]
+    job(2, "-m", "zero_ref.train", *flags, "--save-dir", str(ckpt))
+    resume = [str(SCRIPTS / "trace_resume.py"), str(ckpt), "--out", str(reads), "--"]
+    job(3, *resume, *flags, "--batch-size", "3")
+    plot_run, _, plot_checkpoint = scripts
+    fig = plot_checkpoint.figure([reads])
+    assert plot_run.outside_axes(fig) == []
+    plot_run.save(fig, tmp_path / "checkpoint.png")
+    record = json.loads(reads.read_text())
+    for unit in record["saved"]["units"]:
+        for kind in ("param", "exp_avg", "exp_avg_sq"):
+            got = sorted(
+                (r["start"], r["numel"], r["from_rank"])
+                for rank in record["reads"]
+                for r in rank
+                if r["unit"] == unit["name"] and r["kind"] == kind
+            )
+            covered = [i for start, n, _ in got for i in range(start, start + n)]
+            assert covered == list(range(unit["numel"]))
+            assert all(rank == start // unit["shard_numel"] for start, _, rank in got)
+
+
+def test_gpu_figure_keeps_copies_apart_from_network_bytes(scripts, corpus, tmp_path):
+    """--device gpu --offload-optimizer cpu in numba-cuda's simulator: the copies lane
+    holds the staging copies and ZeRO-Offload's 2 Psi / N bytes each way, as the
+    ledger counts them; the collectives' bytes are the network's alone."""
+    trace, log = tmp_path / "trace_gpu_offload.json", tmp_path / "trace_gpu_offload.jsonl"
+    env = dict(mpi_env(), NUMBA_ENABLE_CUDASIM="1")  # the simulator, even beside a GPU
+    job(
+        2, "-m", "zero_ref.train", *TINY_GPT, "--data", corpus, "--stage", "2",
+        "--precision", "bf16", "--device", "gpu", "--offload-optimizer", "cpu",
+        "--steps", "2", "--trace", str(trace), "--log-jsonl", str(log), env=env,
+    )  # fmt: skip
+    summary = drawn(scripts, [str(trace)], tmp_path / "gpu.png", order=True)[
+        "trace_gpu_offload:last"
+    ]
+    final = json.loads(log.read_text().splitlines()[-1])
+    ledger = final["ranks"][0]["comm_last_step"]
+    copied = {k: v["copied_bytes"] for k, v in ledger.items() if "copied_bytes" in v}
+    assert summary["copied"] == copied
+    assert summary["sent"] == {k: v["sent_bytes"] for k, v in ledger.items() if k not in copied}
+    two_psi_over_n = 2 * final["numel_padded"] // final["world_size"]
+    assert copied["offload_grads_to_host"] == copied["offload_params_to_device"] == two_psi_over_n
