@@ -16,13 +16,13 @@ marked part from the JSON, so nothing between two markers is edited by hand:
     python scripts/doc_tables.py           # rewrite the marked parts of the docs
     python scripts/doc_tables.py --check   # exit 1 naming each stale or broken part
 
-tests/test_doc_tables.py runs the check. The renderers are in doc_tables_render.py.
+tests/test_doc_tables.py runs the check. The renderers are in doc_tables_render.py and
+doc_tables_memory.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import re
@@ -30,23 +30,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when loaded by path (tests)
+import doc_tables_memory  # noqa: E402
+import doc_tables_render as render  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "docs" / "results"
 BEGIN = re.compile(r"<!-- measured: (?P<name>[a-z0-9_]+) from (?P<files>[^>]+?) -->")
 END = "<!-- /measured -->"
-
-
-def _load_renderers():
-    """doc_tables_render.py beside this file (also when this file is loaded by path)."""
-    path = Path(__file__).with_name("doc_tables_render.py")
-    spec = importlib.util.spec_from_file_location("doc_tables_render", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks itself up there
-    spec.loader.exec_module(module)
-    return module
-
-
-render = _load_renderers()
+RENDERERS = {**render.RENDERERS, **doc_tables_memory.RENDERERS}
 
 
 @dataclass(frozen=True)
@@ -90,7 +82,7 @@ def load(name: str, doc: Path) -> render.Result:
 
 def problems(part: Marked) -> list[str]:
     """What keeps a marked part from being rendered: an unknown renderer, a missing file."""
-    found = [] if part.name in render.RENDERERS else [f"no renderer '{part.name}'"]
+    found = [] if part.name in RENDERERS else [f"no renderer '{part.name}'"]
     found += [
         f"no {result_path(f).relative_to(REPO)}" for f in part.files if not result_path(f).is_file()
     ]
@@ -98,7 +90,7 @@ def problems(part: Marked) -> list[str]:
 
 
 def rendered(part: Marked, doc: Path, old: str) -> str:
-    body = render.RENDERERS[part.name](*(load(f, doc) for f in part.files))
+    body = RENDERERS[part.name](*(load(f, doc) for f in part.files))
     return f"\n{body}\n" if old.startswith("\n") else body  # a block keeps its own lines
 
 

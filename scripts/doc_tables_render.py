@@ -1,9 +1,11 @@
-"""What scripts/doc_tables.py writes between each pair of markers, one function per name.
+"""What scripts/doc_tables.py writes between each pair of markers, one function per name:
+the formatting they share, and the renderers of docs/benchmarks.md, determinism.md,
+checkpoints.md and reliability.md (doc_tables_memory.py has memory, precision, offload).
 
 Each renderer takes the recorded results its marker names (docs/results/NAME.json,
 in the marker's order) and returns Markdown: a block (the caption naming the
 command, date and commit, then the table, then what the numbers say) or, for a
-marker inside a sentence, a few words. Numbers are formatted here and nowhere else.
+marker inside a sentence, a few words.
 """
 
 from __future__ import annotations
@@ -155,26 +157,26 @@ def buckets(small: Result, large: Result) -> str:
 
 
 def bucket_gain(small: Result, large: Result) -> str:
+    """What the largest bucket saves per step against the default, on both models."""
     from zero_ref.config import DEFAULT_BUCKET_NUMEL
 
-    parts = []
-    for res, name in (
-        (small, "the default GPT"),
-        (large, f"{large.data['padded_numel'] / 1e6:.1f}M parameters"),
-    ):
+    parts, calls = [], []
+    for res in (small, large):
         rows = res.data["rows"]
         default = next(r for r in rows if r["bucket_numel"] == DEFAULT_BUCKET_NUMEL)
         biggest = rows[-1]
         gain = 1 - biggest["step_s"] / default["step_s"]
+        calls.append(str(biggest["reduce_scatter_calls_per_step"]))
         parts.append(
-            f"{pct(gain)} {'less' if gain >= 0 else 'more'} on {name} "
-            f"({1e3 * biggest['step_s']:.1f} against {1e3 * default['step_s']:.1f} ms)"
+            f"{pct(abs(gain))} {'less' if gain >= 0 else 'more'} time per step than the default "
+            f"at {res.data['padded_numel']:,} parameters ({1e3 * biggest['step_s']:.1f} against "
+            f"{1e3 * default['step_s']:.1f} ms)"
         )
     size = small.data["rows"][-1]["bucket_numel"]
     return (
-        f"A bucket of {size:,} elements (the whole model) takes "
+        f"A bucket of {size:,} elements ({' and '.join(calls)} reduce-scatters per step) takes "
         + " and ".join(parts)
-        + " per step than the default."
+        + "."
     )
 
 
@@ -251,10 +253,10 @@ def train(res: Result) -> str:
     header = ["stage", "median step", "tokens/s", "bytes sent per rank per step"]
     sent = d["sent_bytes_per_step"]
     numel = d["numel_padded"][stages[0]]
-    extra = " ".join(d["extra_flags"]) or "no other flags"
+    extra = "".join(f"; {flag}" for flag in d["extra_flags"])
     return "\n\n".join(
         [
-            f"The default GPT ({numel:,} parameters; {extra}), {d['world_size']} ranks, "
+            f"The default GPT ({numel:,} parameters{extra}), {d['world_size']} ranks, "
             f"{d['steps']} steps a run, the median step time after {d['warmup']} warm-up "
             f"steps, the four stages interleaved over {d['rounds']} rounds. " + measured_by(res),
             table(header, rows),
@@ -294,7 +296,7 @@ def model(res: Result) -> str:
     )
     return "\n\n".join(
         [
-            f"{d['numpy']} on {d['blas']} {d['blas_version']}, {d['rounds']} rounds of fresh "
+            f"NumPy {d['numpy']} on {d['blas']} {d['blas_version']}, {d['rounds']} rounds of fresh "
             f"processes per policy, medians over {steps} timed steps. " + measured_by(res),
             table(header, rows),
             f"GEMM: {rate:.1f} GFLOP/s ({size}^3). " + model_targets(d),
@@ -360,372 +362,6 @@ def checkpoint(res: Result) -> str:
     )
 
 
-# ---- memory: README.md, docs/memory.md
-
-
-def memory(res: Result) -> str:
-    """One table per GPT size in the result, every column bench_memory.py reports."""
-    d = res.data
-    budget = f"{d['budget_gib']:g} GiB/rank"
-    header = ["stage", "real init", "real train", "real finish", "ledger", "untracked"]
-    header += ["fp32 formula", "paper (K=12)", "estimate", "error", f"fits {budget} (extrapolated)"]
-    ckpt = ", with activation checkpointing" if d["checkpoint_activations"] else ""
-    parts = [
-        f"{d['ranks']} ranks, context {d['context']}, micro-batch 1, {d['steps']} steps"
-        f"{', --export' if d['export'] else ''}; bytes per parameter per rank, the largest over "
-        "ranks. " + measured_by(res)
-    ]
-    for size, rows in d["sizes"].items():
-        cells = [
-            [
-                str(r["stage"]),
-                *(f"{r['real'][p]:.2f}" for p in ("init", "train", "finish")),
-                *(
-                    f"{r[k]:.2f}"
-                    for k in ("ledger", "untracked", "fp32_formula", "paper", "estimate")
-                ),
-                f"{100 * r['estimate_error']:+.1f}%",
-                f"{r['fits_budget_params'] / 1e9:.2f}B",
-            ]
-            for r in rows
-        ]
-        parts += [
-            f"GPT {size} ({rows[0]['numel_padded']:,} parameters){ckpt}",
-            table(header, cells),
-        ]
-    return "\n\n".join(parts)
-
-
-def _stages(res: Result) -> dict[int, dict]:
-    (rows,) = res.data["sizes"].values()
-    return {r["stage"]: r for r in rows}
-
-
-def memory_readme(res: Result) -> str:
-    d = res.data
-    (size,) = d["sizes"]
-    by = _stages(res)
-    header = [
-        "stage",
-        "real peak",
-        "ledger",
-        "untracked",
-        "fp32 formula",
-        "paper (K=12)",
-        "estimate",
-    ]
-    keys = ("real_peak", "ledger", "untracked", "fp32_formula", "paper", "estimate")
-    rows = [[str(s), *(f"{r[k]:.2f}" for k in keys)] for s, r in by.items()]
-    numel, s3 = by[0]["numel_padded"], by[3]
-    return "\n\n".join(
-        [
-            f"GPT {size} ({numel:,} parameters), {d['ranks']} ranks, context {d['context']}, "
-            f"micro-batch 1, activation checkpointing. " + measured_by(res),
-            table(header, rows),
-            f"So stage 3 fits {by[0]['real_peak'] / s3['real_peak']:.2f} times the model stage 0 "
-            f"fits. Beyond its model states stage 3 holds {s3['ledger'] - s3['fp32_formula']:.2f} "
-            f"bytes per parameter of buffers and {s3['untracked']:.2f} that the ledger does not "
-            "track.",
-        ]
-    )
-
-
-def memory_stage3(res: Result) -> str:
-    by = _stages(res)
-    s3 = by[3]
-    buffers = s3["ledger"] - s3["fp32_formula"]
-    rest_mib = s3["untracked"] * s3["numel_padded"] / MIB
-    return (
-        f"Stage 3 holds {s3['real_peak']:.2f} bytes per parameter per rank (issue 8's target: at "
-        f"most 5), and fits {by[0]['real_peak'] / s3['real_peak']:.2f} times the model stage 0 "
-        f"fits (target: at least 3.5). Of the {s3['real_peak']:.2f}, "
-        f"{s3['fp32_formula']:.2f} are the model states, {buffers:.2f} the gathered unit and "
-        f"the gradient scratch, and {s3['untracked']:.2f} activations and overhead "
-        f"({rest_mib:.0f} MiB per rank)."
-    )
-
-
-def memory_untracked(res: Result) -> str:
-    """The untracked bytes of the largest size, per parameter and in MiB per rank."""
-    d = res.data
-    size = list(d["sizes"])[-1]
-    rows = d["sizes"][size]
-    per_param = [r["untracked"] for r in rows]
-    mib = [r["untracked"] * r["numel_padded"] / MIB for r in rows]
-    return (
-        f"At {size} it is {span(per_param)} bytes per parameter at every stage, "
-        f"{span(mib, '{:.0f}')} MiB per rank"
-    )
-
-
-# ---- precision: README.md, docs/precision.md
-
-
-def precision_speed(res: Result) -> str:
-    d, s = res.data, res.data["settings"]
-    rows = [
-        [
-            r["precision"],
-            str(r["stage"]),
-            f"{r['step_time_s']:.3f}",
-            f"{r['sent_bytes']:,.0f}",
-            *(
-                f"{r[k]:.2f}"
-                for k in ("ledger_per_param", "formula_per_param", "paper_k12_per_param")
-            ),
-            f"{r['real_peak_per_param']:.2f}",
-            f"{r['comm_ratio']:.3f}",
-            f"{r['time_ratio']:.2f}",
-        ]
-        for r in d["speed"]
-    ]
-    header = ["precision", "stage", "step s", "bytes sent / step", "ledger", "formula"]
-    header += ["paper K=12", "real", "sent / fp32", "time / fp32"]
-    ckpt = " with `--checkpoint-activations`" if s["checkpoint_activations"] else ""
-    return "\n\n".join(
-        [
-            f"A GPT of {d['speed'][0]['numel_padded'] / 1e6:.2f}M padded parameters (d_model "
-            f"{s['d_model']}, {s['n_layer']} layers, context {s['context']}, global batch "
-            f"{s['batch_size']}{ckpt}), {s['ranks']} ranks, {s['steps']} steps, medians over steps "
-            f"3-{s['steps']}. " + measured_by(res),
-            table(header, rows),
-            precision_findings(d["speed"]),
-        ]
-    )
-
-
-def precision_findings(speed: list[dict]) -> str:
-    by = {(r["precision"], r["stage"]): r for r in speed}
-    half = [r for r in speed if r["precision"] != "fp32"]
-
-    def times(p: str) -> str:
-        return span([r["time_ratio"] for r in speed if r["precision"] == p])
-
-    drops = ", ".join(
-        f"stage {s}: {by['fp32', s]['real_peak_per_param']:.2f} -> "
-        f"{span([by[p, s]['real_peak_per_param'] for p in ('fp16', 'bf16')])}"
-        for s in (1, 2)
-    )
-    extra = span(
-        [by[p, 0]["ledger_per_param"] - by[p, 0]["formula_per_param"] for p in ("fp16", "bf16")]
-    )
-    return (
-        f"16-bit sent {span([r['comm_ratio'] for r in half], '{:.3f}')} of fp32's bytes. "
-        f"Real peak, fp32 -> 16-bit, {drops}. At stage 0 the 16-bit ledger is {extra} B above the "
-        f"formula. Step time against fp32: fp16 {times('fp16')}, bf16 {times('bf16')}."
-    )
-
-
-def precision_loss(res: Result) -> str:
-    d, s = res.data, res.data["settings"]
-    rows = [
-        [
-            r["precision"],
-            f"{r['final_loss']:.3f}",
-            f"{r['last_mean_loss']:.3f}",
-            str(r["skipped_steps"]),
-            f"{r['loss_scale']:g}",
-            f"{r['median_step_time_s']:.3f}",
-        ]
-        for r in d["loss"]
-    ]
-    first = d["loss"][0]
-    header = ["precision", "final loss", f"mean of the last {first['last_n']} steps"]
-    header += ["skipped steps", "final loss scale", "step s"]
-    return "\n\n".join(
-        [
-            "The default run (`python -m zero_ref.train`: the default GPT, "
-            f"{first['steps']} steps, stage {first['stage']}, {s['ranks']} ranks) with "
-            "`--precision` added; the corpus's unigram entropy is "
-            f"{s['unigram_entropy']:.3f} nats per character. " + measured_by(res),
-            table(header, rows),
-            fp16_scaling(d["loss"]),
-        ]
-    )
-
-
-def fp16_scaling(loss: list[dict]) -> str:
-    """How fp16's loss scale moved, from its skipped steps and its final scale."""
-    fp16 = next(r for r in loss if r["precision"] == "fp16")
-    skipped, scale = fp16["skipped_steps"], fp16["loss_scale"]
-    power = round(__import__("math").log2(scale))
-    said = f"fp16 skipped {skipped} steps and ended at a loss scale of 2^{power}"
-    if skipped >= 1 and 16 - power == skipped - 1:
-        return (
-            f"{said}: 2^16 is too large for this model's gradients; the hysteresis of 2 absorbed "
-            f"the first overflow and {skipped - 1} halvings brought the scale to 2^{power}, where "
-            f"it stayed ({fp16['steps'] - skipped} clean steps are fewer than the 1000 of a growth "
-            "window)."
-        )
-    return said + "."
-
-
-def precision_readme(res: Result) -> str:
-    by = {(r["precision"], r["stage"]): r for r in res.data["speed"]}
-    rows = []
-    for stage in sorted({s for _, s in by}):
-        f32, half = by["fp32", stage], [by[p, stage] for p in ("fp16", "bf16")]
-        rows.append(
-            [
-                str(stage),
-                f"{f32['ledger_per_param']:.2f} / {f32['real_peak_per_param']:.2f}",
-                f"{span([h['ledger_per_param'] for h in half])} "
-                f"({span([h['paper_k12_per_param'] for h in half])}) / "
-                f"{span([h['real_peak_per_param'] for h in half])}",
-                span([h["comm_ratio"] for h in half], "{:.3f}"),
-            ]
-        )
-    header = ["stage", "fp32 ledger / real"]
-    header += [
-        "fp16 and bf16 ledger (model states = paper K=12) / real",
-        "bytes sent, 16-bit / fp32",
-    ]
-    numel = res.data["speed"][0]["numel_padded"]
-    return "\n\n".join(
-        [
-            f"A {numel / 1e6:.2f}M-parameter GPT, {res.data['settings']['ranks']} ranks, bytes per "
-            "parameter per rank. " + measured_by(res),
-            table(header, rows),
-        ]
-    )
-
-
-def precision_losses(res: Result) -> str:
-    """'1.566, 1.568, 1.564 (fp32, fp16, bf16) after 800 steps; unigram entropy 3.250'"""
-    loss = res.data["loss"]
-    values = ", ".join(f"{r['final_loss']:.3f}" for r in loss)
-    names = ", ".join(r["precision"] for r in loss)
-    entropy = res.data["settings"]["unigram_entropy"]
-    return f"{values} ({names}) after {loss[0]['steps']} steps; unigram entropy {entropy:.3f}"
-
-
-def half_reduce(four: Result, two: Result) -> str:
-    names = {
-        "fp32_mpi_sum": "fp32 `Reduce_scatter_block`",
-        "fp16_mpi_sum": "fp16 `Reduce_scatter_block` (MPICH's sum)",
-        "fp16_alltoall_f32": "fp16 words, Alltoall + float32 sum in rank order",
-        "bf16_alltoall_f32": "bf16 words, Alltoall + float32 sum in rank order",
-    }
-
-    def wrong(m: dict) -> str:
-        frac = m["frac_not_correctly_rounded"]
-        return "0" if frac == 0 else f"{100 * frac:.1f} %"
-
-    def rounded(m: dict) -> str:
-        if m["frac_not_correctly_rounded"] == 0:
-            return "every element of its result is correctly rounded"
-        return f"{wrong(m)} of the elements of its result are not correctly rounded"
-
-    d = four.data
-    rows = [
-        [names[k], f"{1e3 * m['median_s']:.0f} ms", f"{m['sent_bytes'] / MB:.1f} MB", wrong(m)]
-        for k, m in d["methods"].items()
-    ]
-    header = [
-        f"{d['world']} ranks, median",
-        "time",
-        "bytes sent per rank",
-        "elements not correctly rounded",
-    ]
-    orders = d["methods"]["fp16_mpi_sum"]["other_rank_orders"].values()
-    at2 = two.data["methods"]
-    return "\n\n".join(
-        [
-            f"{d['numel']:,} elements per rank, {' '.join(d['mpi_library'].split())}, medians "
-            f"over {d['repeats']} "
-            "calls. " + measured_by(four, two),
-            table(header, rows),
-            "With the ranks in another order MPICH's fp16 sum changes "
-            f"{span([100 * o['frac_differs'] for o in orders], '{:.0f}')} % of the elements of "
-            f"its result. At {two.data['world']} ranks (one fp16 addition, so no order) "
-            f"{rounded(at2['fp16_mpi_sum'])}, and it takes "
-            f"{1e3 * at2['fp16_mpi_sum']['median_s']:.0f} ms against the fp16 Alltoall path's "
-            f"{1e3 * at2['fp16_alltoall_f32']['median_s']:.0f} ms.",
-        ]
-    )
-
-
-# ---- offload: README.md, docs/offload.md
-
-
-def _elements(n: int) -> str:
-    return f"2^{n.bit_length() - 1}" if n & (n - 1) == 0 else f"{n:,}"
-
-
-def offload_step(res: Result) -> str:
-    d = res.data
-    buf, direct = d["disk_buffered"], d["disk_direct"]
-    setup = (
-        f"A replay model of {d['padded_numel']:,} parameters at stage {d['stage']} in "
-        f"{d['precision']}, {d['ranks']} ranks. Per rank: {d['swap_bytes_per_rank'] / MB:.1f} MB "
-        f"of swap files, a pool of {d['pool_bytes_per_rank'] / MB:.1f} MB ({d['buffer_count']} "
-        f"sets of 3 x {_elements(d['sub_group_size'])} elements, each with its 4 KiB of slack), "
-        f"{d['read_bytes_per_step_per_rank'] / MB:.1f} MB read and "
-        f"{d['written_bytes_per_step_per_rank'] / MB:.1f} MB written per step. The disk, every "
-        f"rank at once: write then read back cold through the page cache {buf['total_s']:.3f} s "
-        f"and with O_DIRECT {direct['total_s']:.3f} s, as `dd` would; reading one file while "
-        f"writing another {direct['read_while_writing_s']:.3f} s; and that with two threads each "
-        f"way {direct['read_while_writing_2_threads_each_s']:.3f} s. " + measured_by(res)
-    )
-    rows = [
-        ["optimizer step, offloaded", f"{d['offload_step_s']:.3f}"],
-        ["optimizer step, in RAM", f"{d['ram_step_s']:.3f}"],
-        ["the disk alone, fastest of the four ways", f"{d['disk_s']:.3f}"],
-        ["offloaded / max(disk, RAM)", f"{d['offload_over_max_disk_ram']:.2f}"],
-        [
-            "offloaded / max(disk written then read, as `dd`, RAM)",
-            f"{d['offload_over_max_sequential_disk_ram']:.2f}",
-        ],
-    ]
-    peaks = [b / MB for b in d["peak_rss_above_baseline_offload_phase"]]
-    after = (
-        f"The disk alone takes {d['disk_s'] / d['ram_step_s']:.1f} times the in-RAM step. Resident "
-        f"peak above the interpreter's baseline in the offloaded phase: {span(peaks, '{:.0f}')} MB "
-        f"per rank, where the ledger holds {d['ledger_ram_bytes_offload'] / MB:.1f} MB in RAM (the "
-        f"in-RAM run's ledger: {d['ledger_ram_bytes_ram'] / MB:.1f} MB)."
-    )
-    return "\n\n".join([setup, table(["", "seconds"], rows), after])
-
-
-def offload_demo(res: Result) -> str:
-    d = res.data
-    gb, mem = 1e9, d["mem_total_bytes"]
-    peaks = d["peak_rss_bytes_per_rank"]
-    swap, states = d["swap_bytes_all_ranks"], d["model_state_bytes"]
-    rows = [
-        ["model", f"GPT, d_model {d['d_model']}, {d['n_layer']} blocks, context "
-                  f"{d['context']}: {d['params']:,} parameters"],
-        ["model states", f"{states / gb:.1f} GB = {states / mem:.2f} x MemTotal "
-                         f"({mem / gb:.1f} GB)"],
-        ["swap files, all ranks", f"{swap / gb:.1f} GB ({swap / d['ranks'] / 2**30:.1f} GiB "
-                                  "per rank)"],
-        [f"peak resident set, summed over the {d['ranks']} ranks",
-         f"{d['peak_rss_bytes_sum'] / gb:.2f} GB ({span([p / gb for p in peaks])} GB each): "
-         f"{d['peak_rss_bytes_sum'] / mem:.2f} x MemTotal"],
-        ["lowest MemAvailable during the run", f"{d['lowest_mem_available_bytes'] / gb:.1f} GB"],
-        [f"loss, steps 1-{len(d['losses'])}", ", ".join(f"{x:.3f}" for x in d["losses"])],
-        ["seconds per step", ", ".join(f"{s:.0f}" for s in d["step_s"])
-                             + f" ({d['wall_s']:.0f} s for the whole run, init included)"],
-    ]  # fmt: skip
-    return "\n\n".join([measured_by(res), table(["", ""], rows)])
-
-
-def offload_readme(demo: Result, step: Result) -> str:
-    d, s = demo.data, step.data
-    gb = 1e9
-    losses = ", ".join(f"{x:.2f}" for x in d["losses"])
-    return (
-        f"{d['params'] / 1e9:.2f}B parameters, model states {d['model_state_bytes'] / gb:.1f} GB "
-        f"on a machine with {d['mem_total_bytes'] / gb:.1f} GB of RAM "
-        f"({d['model_state_over_mem_total']:.2f}x), "
-        f"peak resident set summed over the ranks {d['peak_rss_bytes_sum'] / gb:.2f} GB, loss "
-        f"{losses} over {len(d['losses'])} steps of {span(d['step_s'], '{:.0f}')} s. The offloaded "
-        f"optimizer step alone (`scripts/bench_offload.py`, {s['padded_numel'] / 1e6:.0f}M "
-        f"parameters) took {s['offload_over_max_disk_ram']:.2f} times what the disk needs to move "
-        "its bytes with no compute at all"
-    )
-
-
 # ---- docs/reliability.md
 
 
@@ -758,9 +394,6 @@ RENDERERS = {
     f.__name__: f
     for f in (
         adam, comm, buckets, layout, determinism, determinism_cost, determinism_percent, train,
-        train_stage2,
-        model, checkpoint, memory, memory_readme, memory_stage3, memory_untracked,
-        precision_speed, precision_loss, precision_readme, precision_losses, half_reduce,
-        offload_step, offload_demo, offload_readme, reliability,
+        train_stage2, model, checkpoint, reliability,
     )
 }  # fmt: skip
