@@ -15,6 +15,13 @@ device copy's, measured in the same run (target for AdamW: >= 0.8):
               host buffer (pinned on a GPU), what a collective costs on an MPI
               that is not CUDA-aware (zero_ref/comm/staging.py), per direction
 
+With --train OUT it also trains at 4 ranks on the device (`mpirun -n 4 python -m
+zero_ref.train --device gpu ...`, the default GPT unless --train-args says
+otherwise) at stage 0 and stage 3 in fp32, stage 3 in bf16, and stage 3 in bf16
+with the optimizer on the CPU (ZeRO-Offload), each run's JSONL log in OUT, and
+reports per run the median step time and tokens/s (the first --warmup steps
+left out) and rank 0's host<->device bytes and seconds in the last step.
+
 Each figure is the median of --repeats timed runs after one warm-up (which also
 compiles), each ended by a device synchronize. Under numba-cuda's simulator
 (NUMBA_ENABLE_CUDASIM=1) the script runs on a tiny array so that it can be
@@ -25,8 +32,12 @@ smoke-tested without a GPU; its figures then mean nothing and say so
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 from bench_common import emit
@@ -52,10 +63,62 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+TRAIN_RUNS = {  # name: the flags that make it
+    "stage0_fp32": "--stage 0",
+    "stage3_fp32": "--stage 3",
+    "stage3_bf16": "--stage 3 --precision bf16",
+    "stage3_bf16_cpu_offload": "--stage 3 --precision bf16 --offload-optimizer cpu",
+}
+
+
+def train_runs(out: Path, extra: str, steps: int, warmup: int) -> dict:
+    """Each TRAIN_RUNS entry at 4 ranks on the device: its step times and copies."""
+    out.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for name, flags in TRAIN_RUNS.items():
+        log = out / f"train_{name}.jsonl"
+        command = [
+            *("mpirun", "-n", "4", sys.executable, "-m", "zero_ref.train", "--device", "gpu"),
+            *flags.split(),
+            *extra.split(),
+            *("--steps", str(steps), "--quiet", "--sample-chars", "0", "--log-jsonl", str(log)),
+        ]
+        done = subprocess.run(command, capture_output=True, text=True)
+        (out / f"train_{name}.txt").write_text(done.stdout + done.stderr)
+        if done.returncode != 0:
+            results[name] = {"failed": done.returncode, "command": " ".join(command)}
+            continue
+        results[name] = summarize(log, warmup) | {"command": " ".join(command)}
+    return results
+
+
+def summarize(log: Path, warmup: int) -> dict:
+    """Median step time and tokens/s after the warm-up, rank 0's copies in the last step."""
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    steps = [x for x in lines if "step" in x and not x.get("final")][warmup:]
+    final = next(x for x in lines if x.get("final"))
+    copies = {
+        kind: {"bytes": v.get("copied_bytes", 0), "seconds": v.get("seconds", 0.0)}
+        for kind, v in final["ranks"][0]["comm_last_step"].items()
+        if "copied_bytes" in v
+    }
+    return {
+        "steps_timed": len(steps),
+        "median_step_s": statistics.median(x["step_time_s"] for x in steps),
+        "median_tokens_per_s": statistics.median(x["tokens_per_s"] for x in steps),
+        "rank0_copies_last_step": copies,
+        "final_loss": steps[-1]["loss"] if steps else None,
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--numel", type=int, default=100_000_000)
     p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--train", type=Path, help="also train at 4 ranks; logs into this folder")
+    p.add_argument("--train-args", default="", help="model flags for --train (default GPT)")
+    p.add_argument("--train-steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5, help="steps left out of the medians")
     a = p.parse_args()
     n = 4096 if kernels.SIMULATOR else a.numel
     repeats = 1 if kernels.SIMULATOR else a.repeats
@@ -93,6 +156,8 @@ def main() -> None:
             "host_to_device": 4 * n / h2d / 1e9,
         },
     }
+    if a.train is not None:
+        result["train"] = train_runs(a.train, a.train_args, a.train_steps, a.warmup)
     print(
         f"{result['device']}, {n:,} float32: copy {gbps['copy']:.1f} GB/s; AdamW "
         f"{gbps['adamw']:.1f} GB/s = {result['fraction_of_copy']['adamw']:.2f} of copy "
@@ -101,6 +166,19 @@ def main() -> None:
         + (" (simulator: these figures mean nothing)" if kernels.SIMULATOR else ""),
         flush=True,
     )
+    for name, run in result.get("train", {}).items():
+        if "failed" in run:
+            print(f"train {name}: FAILED (exit {run['failed']}): {run['command']}", flush=True)
+            continue
+        copies = run["rank0_copies_last_step"]
+        moved = ", ".join(
+            f"{k} {v['bytes']:,} B in {v['seconds'] * 1e3:.1f} ms" for k, v in copies.items()
+        )
+        print(
+            f"train {name}: {run['median_step_s'] * 1e3:.1f} ms/step, "
+            f"{run['median_tokens_per_s']:,.0f} tok/s; rank 0 last step: {moved}",
+            flush=True,
+        )
     emit(result)
 
 

@@ -83,6 +83,16 @@ def checks() -> list[str]:
                 staged.allgather(cuda.to_device(mine), dev)
                 copies = {"device_to_host": mine.nbytes, "host_to_device": want.nbytes}
                 failures += compare(f"allgather {tag}", host_comm, dev_comm, dev, want, copies)
+
+                want = x.copy()  # in place: only this rank's block goes down, the rest up
+                host_comm.allgather_in_place(want)
+                dev = cuda.to_device(x)
+                staged.allgather_in_place(dev)
+                block = x.nbytes // world.size
+                copies = {"device_to_host": block, "host_to_device": x.nbytes - block}
+                failures += compare(
+                    f"allgather_in_place {tag}", host_comm, dev_comm, dev, want, copies
+                )
     return failures
 
 

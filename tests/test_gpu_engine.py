@@ -199,3 +199,72 @@ def test_out_of_gpu_memory_names_the_rank_the_step_and_the_array(monkeypatch):
     out_of_memory_after(monkeypatch, 1)  # the update's scratch, in step 1
     with pytest.raises(DeviceOutOfMemory, match=r"rank 0, step 1: .*gradient scratch \(\d+ bytes"):
         engine.train_step(model.contexts(1, 0, 1, 1)[:, 0], np.zeros((1, 1)))
+
+
+@pytest.fixture
+def emulated_cupy(monkeypatch):
+    """The engine's device arrays seen as CuPy would show them on a GPU: arrays of
+    another module that refuse host arrays, Numba CPU kernels and bfloat16
+    (zero_ref/testing/emulated_device.py), instead of the simulator's NumPy views."""
+    import zero_ref.gpu.placement as placement
+    from zero_ref.testing.emulated_device import to_device
+
+    monkeypatch.setattr(placement, "as_array", lambda array: to_device(np.asarray(array)))
+
+
+@pytest.mark.parametrize(
+    ("stage", "precision", "offload"),
+    [(s, p, "none") for s in (0, 1, 2, 3) for p in ("fp32", "bf16", "fp16")]
+    + [(s, p, "cpu") for s in (1, 3) for p in ("bf16", "fp16")],
+)
+def test_on_cupy_like_arrays_a_gpu_run_is_still_bitwise_the_cpu_run(
+    emulated_cupy, stage, precision, offload
+):
+    """What a real GPU changes for the engine: CuPy arrays, bf16 held as uint16 bits and
+    converted only by the CUDA kernels, host data copied in and out explicitly."""
+    from zero_ref.testing.emulated_device import DeviceArray
+
+    cpu, cpu_steps, _ = train("cpu", stage=stage, precision=precision)
+    gpu, gpu_steps, b = train("gpu", stage=stage, precision=precision, offload_optimizer=offload)
+    assert type(b.owned_slices()[0][0]) is DeviceArray  # the emulation was in force
+    if precision == "bf16":
+        assert b.owned_slices()[0][0].dtype == np.uint16  # bf16's bits, as on a GPU
+    assert np.array_equal(cpu.view(np.uint8), np.asarray(gpu).view(np.uint8))
+    assert repr(cpu_steps) == repr(gpu_steps)
+
+
+def test_the_gpt_trains_on_cupy_like_arrays(emulated_cupy):
+    """The model's math in the device's module (its NumPy twins, as CuPy would run them)
+    inside a stage 3 bf16 engine: losses those of the CPU run to float32 rounding."""
+    from zero_ref.models.gpt import GPT, GPTConfig
+
+    def losses(device: str) -> list[float]:
+        model = GPT(GPTConfig(vocab_size=11, context=4, n_layer=1, n_head=2, d_model=8))
+        cfg = ZeroConfig(deterministic=True, device=device, stage=3, precision="bf16")
+        engine = make_engine(model, init_params(model, 0), cfg, comm_for(MPI.COMM_SELF, cfg))
+        rng = np.random.default_rng(0)
+        out = []
+        for _ in range(3):
+            ids = rng.integers(0, 11, (1, 2, 4))
+            out.append(engine.train_step(ids, np.roll(ids, -1, axis=-1)).loss)
+        return out
+
+    np.testing.assert_allclose(losses("gpu"), losses("cpu"), rtol=1e-5)
+
+
+def test_the_command_line_run_on_cupy_like_arrays_is_bitwise_its_oracle(
+    emulated_cupy, tmp_path, monkeypatch
+):
+    """python -m zero_ref.train --device gpu end to end on CuPy-like arrays: the oracle
+    runs the model's math in the device's module too, so --check-oracle is bitwise;
+    checkpoint and export read the device arrays back."""
+    from zero_ref.train import main
+
+    monkeypatch.chdir(tmp_path)
+    args = "--device gpu --stage 3 --precision bf16 --model mlp --d-embed 2 --d-hidden 4"
+    args += " --steps 1 --batch-size 2 --context 2 --deterministic --check-oracle --quiet"
+    args += " --sample-chars 0"
+    args += " --save-dir ck --save-every 1 --export out.safetensors"
+    assert main(args.split()) == 0
+    assert (tmp_path / "out.safetensors").stat().st_size > 0
+    assert any((tmp_path / "ck").glob("step_*"))

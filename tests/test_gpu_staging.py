@@ -13,9 +13,9 @@ pytestmark = pytest.mark.gpu
 
 
 def test_staged_collectives_are_bitwise_the_host_ones_under_mpirun():
-    """tests/mpi_staging_check.py on 3 ranks: allreduce, reduce-scatter and allgather of
-    float32 and bf16 device arrays, rank-order and MPI sums: bitwise the host Comm's,
-    the same network bytes, and the host<->device copies counted apart."""
+    """tests/mpi_staging_check.py on 3 ranks: allreduce, reduce-scatter, allgather (also
+    in place) of float32 and bf16 device arrays, rank-order and MPI sums: bitwise the
+    host Comm's, the same network bytes, and the host<->device copies counted apart."""
     done = subprocess.run(
         mpirun_command(3, str(REPO / "tests" / "mpi_staging_check.py")),
         cwd=REPO,

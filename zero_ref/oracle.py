@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 
@@ -204,13 +205,21 @@ class Oracle:
         )
 
     def model_step(
-        self, model: Model, inputs: np.ndarray, targets: np.ndarray, lr: float | None = None
+        self,
+        model: Model,
+        inputs: np.ndarray,
+        targets: np.ndarray,
+        lr: float | None = None,
+        xp: ModuleType = np,
     ) -> float:
         """One step of `model` on inputs[j, r] / targets[j, r] (micro-step j, rank r).
 
         Each rank's gradient is computed from the current full parameters, as
-        rank r would; returns the mean loss over all ranks and micro-steps."""
-        params = self.model_parameters()
+        rank r would; returns the mean loss over all ranks and micro-steps. xp: the
+        array module the engine's model math runs in (CuPy for --device gpu): the
+        oracle's runs there too, so the gradients are the same bits; only the step
+        (the optimizer, what ZeRO shards) is the oracle's own."""
+        params = {k: xp.asarray(v) for k, v in self.model_parameters().items()}
         losses, grads = [], []
         for j in range(inputs.shape[0]):
             per_rank = []
@@ -218,7 +227,7 @@ class Oracle:
                 x, t = inputs[j, r], targets[j, r]
                 loss, g = loss_and_grads(model, params, x, t, self.loss_scale())
                 losses.append(loss)
-                per_rank.append(g)
+                per_rank.append(g if xp is np else {k: xp.asnumpy(v) for k, v in g.items()})
             grads.append(per_rank)
         self.step(grads, lr)
         return float(np.mean(losses))

@@ -27,6 +27,7 @@ from zero_ref.app.failure import CollectiveError
 from zero_ref.checkpoint.manifest import STATE_KINDS
 from zero_ref.config import ZeroConfig
 from zero_ref.layout.flat import tensor_views
+from zero_ref.models.array_module import array_module
 from zero_ref.oracle import Oracle
 from zero_ref.oracle_bound import (
     StepBound,
@@ -60,6 +61,7 @@ class OracleCheck:
         """Starts from the engine's own state: its initial parameters, or everything a
         resumed run restored (parameters, m, v, step count). A collective."""
         self.engine, self.cfg, self.model = engine, cfg, model
+        self.xp = array_module(engine.owned_slices()[0][0])  # where the model's math runs
         self.oracle = None  # the one full copy of the model, on rank 0 alone
         with engine.comm.ledger.off_the_books():
             state = self._state_on_root()
@@ -121,7 +123,7 @@ class OracleCheck:
         oracle, step = self.oracle, result.step
         self.summary.steps += 1
         self._last_diff = 0.0
-        loss = oracle.model_step(self.model, inputs, targets, lr)
+        loss = oracle.model_step(self.model, inputs, targets, lr, self.xp)
         if oracle.last_skipped != result.skipped:
             took = {True: "skipped the step (a NaN/Inf gradient)", False: "took the step"}
             return (

@@ -12,6 +12,7 @@ def sum_in_rank_order(rows: np.ndarray, out: np.ndarray) -> np.ndarray:
     rows is (W, n): row r holds rank r's contribution. NumPy adds two arrays
     elementwise, so each element sees exactly this association."""
     out[...] = rows[0]
-    for r in range(1, rows.shape[0]):
-        out += rows[r]
+    with np.errstate(invalid="ignore"):  # Inf + -Inf (fp16 overflow): NaN, the scaler's signal
+        for r in range(1, rows.shape[0]):
+            out += rows[r]
     return out

@@ -24,29 +24,44 @@ from collections.abc import Callable
 import numpy as np
 
 from zero_ref.comm.collectives import Comm
+from zero_ref.dtypes import dtype_of
+from zero_ref.gpu.device import stored_dtype_name
 
 HostEmpty = Callable[[int, np.dtype], np.ndarray]  # np.empty, or numba.cuda.pinned_array
 
 
 def copy_out(device, host: np.ndarray) -> None:
     """host <- device: a numba device array, a CuPy array, or (numba-cuda's simulator)
-    the NumPy view of a simulated one."""
-    if isinstance(device, np.ndarray):
+    the NumPy view of a simulated one. A bf16 device array (uint16 bits: CuPy has no
+    bfloat16) lands in a bfloat16 host array as the same bits."""
+    host = _same_storage(host, device)
+    if type(device) is np.ndarray:
         np.copyto(host, device)
     elif hasattr(device, "copy_to_host"):  # numba
         device.copy_to_host(host)
-    else:  # CuPy  # pragma: no cover - needs a GPU
+    else:  # CuPy (or tests' emulated device arrays)
         device.get(out=host)
 
 
 def copy_in(host: np.ndarray, device) -> None:
-    """device <- host (same length and dtype)."""
-    if isinstance(device, np.ndarray):
+    """device <- host (same length; bf16 as copy_out says)."""
+    host = _same_storage(host, device)
+    if type(device) is np.ndarray:
         np.copyto(device, host)
     elif hasattr(device, "copy_to_device"):  # numba
         device.copy_to_device(host)
-    else:  # CuPy  # pragma: no cover - needs a GPU
+    else:  # CuPy (or tests' emulated device arrays)
         device.set(host)
+
+
+def host_dtype(device) -> np.dtype:
+    """The dtype a host copy of `device` has: bfloat16 for a GPU's uint16 bf16 bits."""
+    return np.dtype(dtype_of("bf16") if stored_dtype_name(device) == "bfloat16" else device.dtype)
+
+
+def _same_storage(host: np.ndarray, device) -> np.ndarray:
+    """host seen with device's storage dtype (bfloat16 as uint16 when the device's is)."""
+    return host.view(device.dtype) if host.dtype != device.dtype else host
 
 
 class HostStaging:
@@ -87,7 +102,11 @@ class HostStaging:
 
     def to_host(self, device, slot: int) -> np.ndarray:
         """A host copy of device array `device`, in buffer `slot`."""
-        host = self.buffer(slot, device.shape[0], device.dtype)
+        host = self.buffer(slot, device.shape[0], host_dtype(device))
+        return self.copy_down(device, host)
+
+    def copy_down(self, device, host: np.ndarray) -> np.ndarray:
+        """host <- device (same length), recorded as device_to_host bytes."""
         t0 = time.perf_counter()
         if host.size:
             copy_out(device, host)
@@ -136,36 +155,40 @@ class StagedComm:
     def allreduce_sum_into(self, send, recv) -> None:
         """recv <- sum over ranks of send (16-bit send, float32 recv)."""
         host_send = self.staging.to_host(send, self.SEND)
-        host_recv = self.staging.buffer(self.RECV, recv.shape[0], recv.dtype)
+        host_recv = self.staging.buffer(self.RECV, recv.shape[0], host_dtype(recv))
         self.host.allreduce_sum_into(host_send, host_recv)
         self.staging.to_device(host_recv, recv)
 
     def reduce_scatter_sum(self, send, recv) -> None:
         """recv (n,) <- sum over ranks of their send[rank*n : (rank+1)*n]."""
         host_send = self.staging.to_host(send, self.SEND)
-        host_recv = self.staging.buffer(self.RECV, recv.shape[0], recv.dtype)
+        host_recv = self.staging.buffer(self.RECV, recv.shape[0], host_dtype(recv))
         self.host.reduce_scatter_sum(host_send, host_recv)
         self.staging.to_device(host_recv, recv)
 
     def allgather(self, send, recv, kind: str = "allgather") -> None:
         """recv (W*n,) <- every rank's send (n,), in rank order."""
         host_send = self.staging.to_host(send, self.SEND)
-        host_recv = self.staging.buffer(self.RECV, recv.shape[0], recv.dtype)
+        host_recv = self.staging.buffer(self.RECV, recv.shape[0], host_dtype(recv))
         self.host.allgather(host_send, host_recv, kind)
         self.staging.to_device(host_recv, recv)
 
     def allgather_in_place(self, buf) -> None:
-        """buf (W*n,): block r <- rank r's block r, for every r."""
-        host = self.staging.to_host(buf, self.SEND)
+        """buf (W*n,): block r <- rank r's block r, for every r. Only this rank's block
+        goes down and only the others' blocks come up: (W-1) n of the W n are news."""
+        n, r = buf.shape[0] // self.size, self.rank
+        host = self.staging.buffer(self.SEND, buf.shape[0], host_dtype(buf))
+        self.staging.copy_down(buf[r * n : (r + 1) * n], host[r * n : (r + 1) * n])
         self.host.allgather_in_place(host)
-        self.staging.to_device(host, buf)
+        self.staging.to_device(host[: r * n], buf[: r * n])
+        self.staging.to_device(host[(r + 1) * n :], buf[(r + 1) * n :])
 
     def gather_to_root(self, send, recv, kind: str) -> None:
         """recv (W*n,) on rank 0 <- every rank's send (n,); recv None elsewhere."""
         host_send = self.staging.to_host(send, self.SEND)
         host_recv = None
         if recv is not None:
-            host_recv = self.staging.buffer(self.RECV, recv.shape[0], recv.dtype)
+            host_recv = self.staging.buffer(self.RECV, recv.shape[0], host_dtype(recv))
         self.host.gather_to_root(host_send, host_recv, kind)
         if recv is not None:
             self.staging.to_device(host_recv, recv)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import numpy as np
 
 from zero_ref.comm.collectives import Comm
-from zero_ref.dtypes import accumulate_rounded, round_into
 from zero_ref.engine.placement import HostPlacement
 from zero_ref.layout.buckets import Bucket, BucketPlan, plan_buckets
 from zero_ref.layout.flat import FlatLayout, rank_rows
@@ -43,7 +42,7 @@ class GradientBuckets:
     ) -> None:
         """Sums land in shard_grads, or (shard_grads None) in this rank's rows of
         full_grads."""
-        self.layout, self.comm = layout, comm
+        self.layout, self.comm, self.place = layout, comm, place
         self.shard_grads, self.full_grads = shard_grads, full_grads
         self.world = layout.world_size
         units = layout.units
@@ -69,7 +68,7 @@ class GradientBuckets:
             lo = max(bucket.shard_offset, unit.shard_offset)
             hi = min(bucket.shard_offset + bucket.shard_numel, unit.shard_offset + unit.shard_numel)
             staging = self._staging(bucket)
-            round_into(
+            self.place.round_into(
                 staging[:, lo - bucket.shard_offset : hi - bucket.shard_offset],
                 rows[:, lo - unit.shard_offset : hi - unit.shard_offset],
             )  # a 16-bit wire rounds float32 gradients once here
@@ -88,7 +87,7 @@ class GradientBuckets:
         out = self.reduce_out[: bucket.shard_numel]
         self.comm.reduce_scatter_sum(staging.reshape(-1), out)
         if self.shard_grads is not None:
-            accumulate_rounded(self.shard_grads[lo:hi], out)
+            self.place.accumulate_rounded(self.shard_grads[lo:hi], out)
         else:
             self._land_in_rows(bucket, out)
 

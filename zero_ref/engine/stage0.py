@@ -28,7 +28,6 @@ import numpy as np
 
 from zero_ref.comm.collectives import Comm
 from zero_ref.config import ZeroConfig
-from zero_ref.dtypes import accumulate_rounded, round_into
 from zero_ref.engine.compute import OPTIMIZER_CHUNK, compute_for
 from zero_ref.engine.init_source import InitSource, as_init_source
 from zero_ref.engine.memory import MemoryLedger, offload_pool_numel, offload_pool_row_numel
@@ -72,15 +71,6 @@ def _check_comm_matches(comm: Comm, cfg: ZeroConfig) -> None:
         )
     if cfg.check_schedule:
         comm.check_schedule = True
-
-
-def accumulate(dst: np.ndarray, src: np.ndarray, first: bool) -> None:
-    """dst = src on the first micro-step, dst += src after (the oracle's order),
-    each sum rounded once to dst's dtype."""
-    if first:
-        dst[...] = src
-    else:
-        accumulate_rounded(dst, src)
 
 
 class Stage0DataParallel:
@@ -138,7 +128,7 @@ class Stage0DataParallel:
         for unit in self.layout.units:
             source.fill_unit(unit, self.master[unit.full_slice()], 0, unit.padded_numel)
         if self.master is not self.full_params:
-            round_into(self.full_params, self.master)
+            self.place.round_into(self.full_params, self.master)
 
     def _init_compute_scratch(self) -> None:
         """With 16-bit parameters: one unit's float32 widened copy, which the model reads."""
@@ -248,9 +238,7 @@ class Stage0DataParallel:
         16-bit ones widened (exactly) into the float32 scratch."""
         if self.param_scratch is None:
             return flat
-        scratch = self.param_scratch[: flat.size]
-        scratch[...] = flat
-        return scratch
+        return self.place.widen_into(self.param_scratch[: flat.size], flat)
 
     def release_unit_params(self, i: int) -> None:
         """Stage 3 frees the gathered unit here; below it there is nothing to free."""
@@ -274,7 +262,7 @@ class Stage0DataParallel:
         if self.unit_grad_scratch is not None:
             unit = self.layout.units[i]
             scratch = self.unit_grad_scratch[: unit.padded_numel]
-            round_into(self.full_grads[unit.full_slice()], scratch)
+            self.place.round_into(self.full_grads[unit.full_slice()], scratch)
 
     def _allreduce_chunk(self) -> int:
         return bucket_columns(self.cfg.bucket_numel, self.world) * self.world
@@ -287,10 +275,18 @@ class Stage0DataParallel:
             if self.wire is None:
                 self.comm.allreduce_sum(grads)
                 continue
-            wire = round_into(self.wire[: grads.size], grads)
+            wire = self.place.round_into(self.wire[: grads.size], grads)
             self.comm.allreduce_sum_into(wire, grads)
         if self.grad_acc is not self.full_grads:
-            accumulate(self.grad_acc, self.full_grads, first=micro == 0)
+            self._accumulate(self.grad_acc, self.full_grads, first=micro == 0)
+
+    def _accumulate(self, dst: np.ndarray, src: np.ndarray, first: bool) -> None:
+        """dst = src on the first micro-step, dst += src after (the oracle's order),
+        each sum rounded once to dst's dtype."""
+        if first:
+            dst[...] = src
+        else:
+            self.place.accumulate_rounded(dst, src)
 
     def owned_slices(self) -> list[Owned]:
         """(param, grad, master, exp_avg, exp_avg_sq) 1-D views this rank updates; master

@@ -16,7 +16,6 @@ from __future__ import annotations
 import numpy as np
 
 from zero_ref.comm.collectives import Comm
-from zero_ref.dtypes import round_into
 from zero_ref.engine.grad_buckets import GradientBuckets
 from zero_ref.engine.init_source import InitSource
 from zero_ref.engine.packing import unpack_full
@@ -39,7 +38,7 @@ class Stage1OptimizerSharded(Stage0DataParallel):
                 continue
             whole = np.empty(unit.padded_numel, np.float32)  # one unit, for a moment
             source.fill_unit(unit, whole, 0, unit.padded_numel)
-            round_into(full, whole)
+            self.place.round_into(full, whole)
             self.master[unit.shard_slice()] = rank_rows(whole, unit)[self.rank]
             self.release_pages(self.master[unit.shard_slice()])
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from zero_ref.dtypes import round_into
 from zero_ref.engine.stage1 import Stage1OptimizerSharded
 from zero_ref.layout.flat import UnitLayout, tensor_views
 
@@ -41,7 +40,8 @@ class Stage2GradientsSharded(Stage1OptimizerSharded):
         flat = self.unit_grad_scratch[: unit.padded_numel]
         grad = self.precision.grad
         if grad != np.float32 and self.precision.comm != grad:
-            flat[...] = round_into(np.empty(flat.size, grad), flat)
+            rounded = self.place.round_into(self.place.temporary(flat.size, grad), flat)
+            self.place.widen_into(flat, rounded)
         self.buckets.unit_ready(i, flat, micro)
 
     def _owned_grad(self, unit: UnitLayout) -> np.ndarray:

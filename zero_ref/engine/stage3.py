@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from zero_ref.dtypes import round_into
 from zero_ref.engine.init_source import InitSource
 from zero_ref.engine.packing import unpack_full
 from zero_ref.engine.stage0 import Owned
@@ -48,7 +47,7 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
             lo, mine = self.rank * unit.shard_numel, unit.shard_slice()
             source.fill_unit(unit, self.master[mine], lo, lo + unit.shard_numel)
             if self.master is not self.shard_params:
-                round_into(self.shard_params[mine], self.master[mine])
+                self.place.round_into(self.shard_params[mine], self.master[mine])
                 self.release_pages(self.shard_params[mine])
             self.release_pages(self.master[mine])
         self.gathered_unit = None  # a gathered copy is stale now

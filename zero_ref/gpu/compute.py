@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from zero_ref.gpu import kernels
+from zero_ref.gpu.device import stored_dtype_name
 from zero_ref.optim.gradnorm import BIN_SHAPE, bins_to_float
 
 CHUNK = 1 << 18  # elements per scratch piece
@@ -49,7 +50,7 @@ class DeviceCompute:
         if piece.dtype == np.float32:
             return piece
         wide = self._piece("widened 16-bit gradient", piece.shape[0])
-        kernels.widen(wide, piece, np.dtype(piece.dtype).name)
+        kernels.widen(wide, piece, stored_dtype_name(piece))
         return wide
 
     def _pieces(self, grad):
@@ -91,4 +92,4 @@ class DeviceCompute:
             g = self._unscaled(grad[lo:hi], divisor, coef)
             kernels.adamw(master[lo:hi], g, exp_avg[lo:hi], exp_avg_sq[lo:hi], s)
             if param.dtype != master.dtype:
-                kernels.round_into(param[lo:hi], master[lo:hi], np.dtype(param.dtype).name)
+                kernels.round_into(param[lo:hi], master[lo:hi], stored_dtype_name(param))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 
 from zero_ref.comm.ledger import CommLedger
-from zero_ref.comm.staging import copy_in, copy_out
+from zero_ref.comm.staging import copy_in, copy_out, host_dtype
 from zero_ref.engine.compute import HostCompute
 
 
@@ -52,9 +52,9 @@ class CpuOffloadCompute(HostCompute):
     def _host_copies(self, i: int, param, grad) -> tuple:
         """Slice i's host parameter and gradient buffers (made once, in the ledger)."""
         if i not in self.host:
-            self.host[i] = (
-                self.place.empty("buffers", f"offload_params_{i}", param.shape[0], param.dtype),
-                self.place.empty("buffers", f"offload_grads_{i}", grad.shape[0], grad.dtype),
+            self.host[i] = tuple(
+                self.place.empty("buffers", f"offload_{what}_{i}", a.shape[0], host_dtype(a))
+                for what, a in (("params", param), ("grads", grad))
             )
         return self.host[i]
 

@@ -11,6 +11,7 @@ array is a NumPy array underneath, and `numpy.asarray` of it is that array).
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 
 import numba
@@ -69,16 +70,48 @@ def check_usable() -> str:
             "NUMBA_ENABLE_CUDASIM=1."
         )
     try:
-        cupy()
+        cp = cupy()
     except ImportError as e:
         raise DeviceSetupError(
             f"--device gpu needs CuPy for the model's math ({e}): pip install -e '.[gpu]'"
         ) from e
-    raise DeviceSetupError(
-        "--device gpu on a real GPU: the model's math through CuPy is not built yet "
-        "(docs/gpu.md, 'Not built yet'); the GPU path runs in numba-cuda's simulator: "
-        "NUMBA_ENABLE_CUDASIM=1."
-    )
+    return select_device(cp)  # pragma: no cover - needs a GPU
+
+
+def local_rank() -> int:
+    """This process's index among the ranks on its host, as the launcher says it
+    (MPICH's Hydra: MPI_LOCALRANKID; Open MPI: OMPI_COMM_WORLD_LOCAL_RANK); 0 alone."""
+    for name in ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 0
+
+
+def select_device(cp) -> str:  # pragma: no cover - needs a GPU
+    """Rank r on a host uses GPU (local rank mod GPUs): several ranks may share one,
+    as they share the cores of a CPU host. numba and CuPy are both pointed at it."""
+    from numba import cuda
+
+    count = len(cuda.gpus)
+    index = local_rank() % count
+    cuda.select_device(index)
+    cp.cuda.Device(index).use()
+    name = cuda.get_current_device().name
+    name = name.decode() if isinstance(name, bytes) else name
+    return f"GPU {index} of {count} on this host ({name}), CuPy {cp.__version__}"
+
+
+def module_of(array):
+    """The array module that computes on `array` (CuPy's on a GPU)."""
+    from zero_ref.models.array_module import array_module
+
+    return array_module(array)
+
+
+def stored_dtype_name(array) -> str:
+    """What a device array's elements are: its dtype's name, except that uint16 is
+    bfloat16's bits (CuPy has no bfloat16; the engine holds no other uint16 arrays)."""
+    return "bfloat16" if array.dtype == np.uint16 else np.dtype(array.dtype).name
 
 
 def as_array(device_array):

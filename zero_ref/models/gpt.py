@@ -23,6 +23,7 @@ from zero_ref.models.layers import (
     layernorm_forward,
     linear_backward,
     linear_forward,
+    sum_rows_into,
 )
 from zero_ref.models.transformer import (
     AttentionCache,
@@ -92,7 +93,7 @@ class Embeddings:
         embedding_backward(ids, dout, grads["token.weight"])
         T = ids.shape[1]
         dpos = grads["position.weight"]
-        np.sum(dout, axis=0, out=dpos[:T])  # every sequence shares the position rows
+        sum_rows_into(dout, dpos[:T])  # every sequence shares the position rows
         dpos[T:] = 0  # rows past T were not used by this batch
         return None
 

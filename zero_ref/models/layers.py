@@ -5,7 +5,8 @@ in the finite-difference checks). Shape comments: B batch, T time, C channels,
 N = B * T rows. Where the fast version is not the textbook formula (a
 rearranged formula, or a Numba kernel), the textbook NumPy version sits beside
 it as a `*_reference` twin with the same signature, and the tests compare them
-element by element.
+element by element. Given device arrays (the GPU path, zero_ref/models/array_module.py)
+a function runs its twin in the arrays' module instead of the Numba kernel.
 
 The Numba kernels here run on one thread and loop over rows in order, so
 their sums do not depend on the thread count. Two settings let LLVM vectorize
@@ -23,6 +24,8 @@ from typing import NamedTuple
 
 import numba
 import numpy as np
+
+from zero_ref.models.array_module import array_module, on_host
 
 LN_EPS = 1e-5
 _GELU_C = math.sqrt(2.0 / math.pi)  # GPT-2's tanh approximation of x * Phi(x)
@@ -47,15 +50,29 @@ def linear_backward(
     """Write dL/dw and dL/db into the given views; return dL/dx."""
     x2 = x.reshape(-1, x.shape[-1])  # (N, C_in)
     dy2 = dy.reshape(-1, dy.shape[-1])  # (N, C_out)
-    np.matmul(x2.T, dy2, out=dw)
+    matmul_into(x2.T, dy2, dw)
     if db is not None:
-        np.sum(dy2, axis=0, out=db)  # down the rows of a 2-D array: a plain vector add loop
+        sum_rows_into(dy2, db)  # down the rows of a 2-D array: a plain vector add loop
     return (dy2 @ w.T).reshape(x.shape)
 
 
+def matmul_into(a, b, out) -> None:
+    """out[...] = a @ b, written straight into `out` (a view) when NumPy can."""
+    if on_host(array_module(out)):
+        np.matmul(a, b, out=out)
+    else:  # a device module's matmul may not write into a strided view
+        out[...] = a @ b
+
+
+def sum_rows_into(a, out) -> None:
+    """out[...] = the sum of a's rows (axis 0), in a's module."""
+    array_module(a).sum(a, axis=0, out=out)
+
+
 def embedding_forward(ids: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """Look up rows: ids (...) int -> (..., C)."""
-    return table[ids]
+    """Look up rows: ids (...) int -> (..., C). Host ids are copied to a device table's
+    device (a no-op for NumPy)."""
+    return table[array_module(table).asarray(ids)]
 
 
 def embedding_backward(ids: np.ndarray, dout: np.ndarray, dtable: np.ndarray) -> None:
@@ -66,8 +83,11 @@ def embedding_backward(ids: np.ndarray, dout: np.ndarray, dtable: np.ndarray) ->
     The kernel does no bounds checks: the forward lookup has already indexed
     the table with these ids.
     """
+    if not on_host(array_module(dtable)):
+        return embedding_backward_reference(ids, dout, dtable)
     rows = np.ascontiguousarray(dout).reshape(-1, dout.shape[-1])  # (N, C)
     _embedding_backward_kernel(ids.reshape(-1), rows, dtable)
+    return None
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -80,8 +100,9 @@ def _embedding_backward_kernel(ids, rows, dtable):  # pragma: no cover
 
 def embedding_backward_reference(ids: np.ndarray, dout: np.ndarray, dtable: np.ndarray) -> None:
     """The twin of embedding_backward: one unbuffered scatter-add (slow: a Python-level loop)."""
+    xp = array_module(dtable)
     dtable[...] = 0
-    np.add.at(dtable, ids.reshape(-1), dout.reshape(-1, dout.shape[-1]))
+    xp.add.at(dtable, xp.asarray(ids).reshape(-1), dout.reshape(-1, dout.shape[-1]))
 
 
 # --- activations ------------------------------------------------------------
@@ -100,6 +121,8 @@ def gelu_forward(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     Returns (y, s); backward needs s. Two Numba passes around one NumPy exp:
     NumPy's exp is vectorized, twice as fast as a Numba loop's call to libm.
     """
+    if not on_host(array_module(x)):
+        return gelu_forward_reference(x)
     x1 = np.ascontiguousarray(x).reshape(-1)
     s, y = np.empty_like(x1), np.empty_like(x1)
     _gelu_exponent_kernel(x1, s)  # s = -2u
@@ -130,6 +153,8 @@ def gelu_backward(x: np.ndarray, s: np.ndarray, dy: np.ndarray) -> np.ndarray:
     d(x s)/dx = s + x ds/dx, with ds/dx = 2 s (1 - s) du/dx (the sigmoid's
     derivative) and du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
     """
+    if not on_host(array_module(x)):
+        return gelu_backward_reference(x, s, dy)
     dx = np.empty(x.size, dy.dtype)
     _gelu_backward_kernel(
         np.ascontiguousarray(x).reshape(-1),
@@ -151,7 +176,7 @@ def _gelu_backward_kernel(x, s, dy, dx):  # pragma: no cover
 
 def gelu_forward_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The twin of gelu_forward: GPT-2's formula, with the gate s = 0.5 (1 + tanh(u))."""
-    t = np.tanh(_GELU_C * (x + _GELU_K * x**3))
+    t = array_module(x).tanh(_GELU_C * (x + _GELU_K * x**3))
     return 0.5 * x * (1 + t), 0.5 * (1 + t)
 
 
@@ -179,6 +204,8 @@ def layernorm_forward(
     reductions along a short last axis (C = 64) pay more per row in overhead
     than in arithmetic.
     """
+    if not on_host(array_module(x)):
+        return layernorm_forward_reference(x, gain, bias, eps)
     x2 = np.ascontiguousarray(x).reshape(-1, x.shape[-1])  # (N, C)
     y, xhat = np.empty_like(x2), np.empty_like(x2)
     rstd = np.empty(x2.shape[0], x2.dtype)
@@ -210,6 +237,8 @@ def layernorm_backward(
     dbias: np.ndarray,
 ) -> np.ndarray:
     """Write dL/dgain and dL/dbias into the given views; return dL/dx."""
+    if not on_host(array_module(dy)):
+        return layernorm_backward_reference(cache, gain, dy, dgain, dbias)
     dy2 = np.ascontiguousarray(dy).reshape(cache.xhat.shape)  # (N, C)
     dx = np.empty_like(dy2)
     _layernorm_backward_kernel(cache.xhat, cache.rstd, gain, dy2, dx, dgain, dbias)
@@ -244,7 +273,7 @@ def layernorm_forward_reference(
     x2 = x.reshape(-1, x.shape[-1])  # (N, C)
     centered = x2 - x2.mean(axis=-1, keepdims=True)
     var = (centered * centered).mean(axis=-1)  # (N,) biased, as GPT-2
-    rstd = 1 / np.sqrt(var + eps)
+    rstd = 1 / array_module(x).sqrt(var + eps)
     xhat = centered * rstd[:, None]
     return (xhat * gain + bias).reshape(x.shape), LayerNormCache(xhat, rstd)
 
@@ -259,8 +288,8 @@ def layernorm_backward_reference(
     """The twin of layernorm_backward, in NumPy array operations."""
     xhat, rstd = cache
     dy2 = dy.reshape(xhat.shape)  # (N, C): every row shares gain and bias
-    np.sum(dy2 * xhat, axis=0, out=dgain)
-    np.sum(dy2, axis=0, out=dbias)
+    sum_rows_into(dy2 * xhat, dgain)
+    sum_rows_into(dy2, dbias)
     dxhat = dy2 * gain
     # Normalizing removes the mean and fixes the variance, so the gradient loses
     # its component along the constant direction and along xhat.
@@ -277,15 +306,16 @@ def cross_entropy(logits: np.ndarray, targets: np.ndarray) -> tuple[float, np.nd
 
     logits (..., V) float, targets (...) int in [0, V).
     """
+    xp = array_module(logits)
     flat = logits.reshape(-1, logits.shape[-1])  # (N, V)
-    tgt = targets.reshape(-1)  # (N,)
+    tgt = xp.asarray(targets).reshape(-1)  # (N,) on the logits' device
     n = flat.shape[0]
-    rows = np.arange(n)
+    rows = xp.arange(n)
     exp = flat - flat.max(axis=1, keepdims=True)  # shifted: the largest logit is 0
     target_shifted = exp[rows, tgt]  # (N,) read before exp overwrites the shifted logits
-    np.exp(exp, out=exp)
+    xp.exp(exp, out=exp)
     sum_exp = exp.sum(axis=1, keepdims=True)  # (N, 1)
-    loss = -float((target_shifted - np.log(sum_exp[:, 0])).mean())
+    loss = -float((target_shifted - xp.log(sum_exp[:, 0])).mean())
     dlogits = exp
     dlogits /= sum_exp  # softmax probabilities
     dlogits[rows, tgt] -= 1

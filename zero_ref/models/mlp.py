@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from zero_ref.models import layers
+from zero_ref.models.array_module import array_module
 from zero_ref.models.unit import ParamSpec
 
 
@@ -95,7 +96,8 @@ class Hidden:
         self, params: Mapping[str, np.ndarray], x: np.ndarray
     ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
         """x (B, K*E) -> h (B, H); the cache keeps x and h (tanh' needs only h)."""
-        h = np.tanh(layers.linear_forward(x, params["weight"], params["bias"]))
+        z = layers.linear_forward(x, params["weight"], params["bias"])
+        h = array_module(z).tanh(z)
         return h, (x, h)
 
     def backward(

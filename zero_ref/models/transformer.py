@@ -22,11 +22,13 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
+from zero_ref.models.array_module import array_module, on_host
 from zero_ref.models.layers import (
     gelu_backward,
     gelu_forward,
     linear_backward,
     linear_forward,
+    matmul_into,
 )
 
 # --- MLP --------------------------------------------------------------------
@@ -110,8 +112,8 @@ def attention_forward(
     q, k, v = split_qkv(qkv, n_head)
     scores = q @ k.swapaxes(-1, -2)  # (B, nh, T, T)
     att = causal_softmax(scores, 1 / math.sqrt(q.shape[-1]))  # in place
-    y = np.empty_like(x)  # (B, T, C): each head's output lands in its own columns
-    np.matmul(att, v, out=split_heads(y, n_head))
+    y = array_module(x).empty_like(x)  # (B, T, C): each head's output in its own columns
+    matmul_into(att, v, split_heads(y, n_head))
     out = linear_forward(y, proj_w, proj_b)
     return out, AttentionCache(x, q, k, v, att, y)
 
@@ -131,13 +133,14 @@ def attention_backward(
     n_head = q.shape[1]
     dy = linear_backward(y, proj_w, dout, dproj_w, dproj_b)  # (B, T, C)
     dyh = split_heads(dy, n_head)  # (B, nh, T, hs)
-    dqkv = np.empty((*x.shape[:2], 3 * x.shape[2]), dy.dtype)  # (B, T, 3C), filled by head
+    xp = array_module(dy)
+    dqkv = xp.empty((*x.shape[:2], 3 * x.shape[2]), dy.dtype)  # (B, T, 3C), filled by head
     dq, dk, dv = split_qkv(dqkv, n_head)
-    np.matmul(att.swapaxes(-1, -2), dyh, out=dv)
+    matmul_into(att.swapaxes(-1, -2), dyh, dv)
     datt = dyh @ v.swapaxes(-1, -2)  # (B, nh, T, T)
     dscores = causal_softmax_backward(att, datt, 1 / math.sqrt(q.shape[-1]))  # in place
-    np.matmul(dscores, k, out=dq)
-    np.matmul(dscores.swapaxes(-1, -2), q, out=dk)
+    matmul_into(dscores, k, dq)
+    matmul_into(dscores.swapaxes(-1, -2), q, dk)
     return linear_backward(x, qkv_w, dqkv, dqkv_w, dqkv_b)
 
 
@@ -151,6 +154,8 @@ def causal_softmax(scores: np.ndarray, scale: float) -> np.ndarray:
     (exactly 0 above the diagonal) and returned.
     """
     assert scores.flags.c_contiguous, "causal_softmax works in place: scores must be contiguous"
+    if not on_host(array_module(scores)):  # device arrays: the twin, in their module
+        return causal_softmax_reference(scores, scale)
     T = scores.shape[-1]
     _causal_softmax_kernel(scores.reshape(-1, T, T), scores.dtype.type(scale))
     return scores
@@ -185,6 +190,8 @@ def causal_softmax_backward(att: np.ndarray, datt: np.ndarray, scale: float) -> 
     assert datt.flags.c_contiguous, (
         "causal_softmax_backward works in place: datt must be contiguous"
     )
+    if not on_host(array_module(att)):
+        return causal_softmax_backward_reference(att, datt, scale)
     T = att.shape[-1]
     _causal_softmax_backward_kernel(
         att.reshape(-1, T, T), datt.reshape(-1, T, T), att.dtype.type(scale)
@@ -208,11 +215,11 @@ def _causal_softmax_backward_kernel(att, datt, scale):  # pragma: no cover
 
 def causal_softmax_reference(scores: np.ndarray, scale: float) -> np.ndarray:
     """The twin of causal_softmax: mask with -inf, then a softmax in NumPy operations."""
-    T = scores.shape[-1]
+    xp, T = array_module(scores), scores.shape[-1]
     scores *= scale
-    scores += np.triu(np.full((T, T), -np.inf, scores.dtype), k=1)  # exp(-inf) = 0: no look-ahead
+    scores += xp.triu(xp.full((T, T), -np.inf, scores.dtype), k=1)  # exp(-inf) = 0: masked
     scores -= scores.max(axis=-1, keepdims=True)  # the diagonal is never masked: finite
-    np.exp(scores, out=scores)
+    xp.exp(scores, out=scores)
     scores /= scores.sum(axis=-1, keepdims=True)
     return scores
 
@@ -221,7 +228,7 @@ def causal_softmax_backward_reference(
     att: np.ndarray, datt: np.ndarray, scale: float
 ) -> np.ndarray:
     """The twin of causal_softmax_backward, in NumPy operations."""
-    datt -= np.sum(datt * att, axis=-1, keepdims=True)
+    datt -= (datt * att).sum(axis=-1, keepdims=True)
     datt *= att
     datt *= scale
     return datt

@@ -16,6 +16,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from zero_ref.models.array_module import array_module
+
 
 @dataclass(frozen=True)
 class ParamSpec:
@@ -114,6 +116,11 @@ def forward_all(model: Model, params: Mapping[str, np.ndarray], x: np.ndarray) -
     return x
 
 
+def _empty_like(param):
+    """An uninitialized array shaped like param, in its module (host or device)."""
+    return array_module(param).empty_like(param)
+
+
 def loss_and_grads(
     model: Model,
     params: Mapping[str, np.ndarray],
@@ -134,9 +141,7 @@ def loss_and_grads(
         dout = dout * np.float32(loss_scale)
     grads: dict[str, np.ndarray] = {}
     for unit, cache in zip(reversed(model.units), reversed(caches), strict=True):
-        unit_grads = {
-            s.name: np.empty(s.shape, params[full_name(unit, s)].dtype) for s in unit.param_specs()
-        }
+        unit_grads = {s.name: _empty_like(params[full_name(unit, s)]) for s in unit.param_specs()}
         dout = unit.backward(unit_params_view(unit, params), cache, dout, unit_grads)
         grads.update({f"{unit.name}.{k}": v for k, v in unit_grads.items()})
     return loss, grads
