@@ -39,6 +39,8 @@ from zero_ref.comm.collectives import comm_for
 from zero_ref.config import ZeroConfig
 from zero_ref.engine import make_engine
 from zero_ref.engine.init_source import RandomInit
+from zero_ref.io.trace import Trace
+from zero_ref.offload.pipeline import SWAP_LANES
 
 
 def status_kib(field: str) -> int:
@@ -82,7 +84,7 @@ def run_mode(offload: bool, a: argparse.Namespace, world: MPI.Comm) -> dict:
     )
     engine = make_engine(model, RandomInit(model, 0), cfg, comm_for(world, cfg))  # unit by unit
     if offload and a.timeline:
-        engine.offloaded.trace()
+        engine.offloaded.trace = Trace(world.rank)  # the reads, updates and writes, timed
     times = optimizer_steps(engine, a, world)
     out = {"step_s": statistics.median(times[1:] or times), "steps_s": times}
     if offload:
@@ -92,11 +94,24 @@ def run_mode(offload: bool, a: argparse.Namespace, world: MPI.Comm) -> dict:
         out["swap_bytes"] = sum(f.nbytes for f in files)
         out["pool_bytes"] = int(engine.memory.held["buffers"]["offload_pool"].nbytes)
         out["vm_hwm_bytes"] = status_kib("VmHWM") * 1024
-        out["timeline"] = engine.offloaded.timeline
+        out["timeline"] = swap_timeline(engine.offloaded.trace)
     out["ledger_ram_bytes"] = sum(engine.memory.bytes_by_category().values())
     out["padded_numel"] = engine.layout.full_numel
     engine.close()
     return out
+
+
+def swap_timeline(trace: Trace | None) -> list[tuple[str, int, float, float]] | None:
+    """The pipeline's events as (read/update/write, sub-group, start s, end s), in the
+    order they ended (the I/O threads record as they finish)."""
+    if trace is None:
+        return None
+    what = {lane: kind for kind, lane in SWAP_LANES.items()}
+    return [
+        (what[e["cat"]], e["args"]["sub_group"], e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6)
+        for e in trace.events
+        if e.get("cat") in what
+    ]
 
 
 def aligned_ones(nbytes: int) -> np.ndarray:

@@ -284,29 +284,3 @@ def test_a_figure_with_bars_above_its_axes_is_refused():
     axes[1].axhline(1.5)
     assert plot_run.outside_axes(fig) == []
     plt.close(fig)
-
-
-def test_trace_holds_every_ranks_units_collectives_and_update(corpus, tmp_path):
-    """--trace: one Chrome/Perfetto trace-event file from rank 0 with, per rank, each
-    unit's forward and backward, each collective with its bytes, the optimizer step
-    and the ledger's bytes per step; the collectives' bytes are the ledger's."""
-    trace, log = tmp_path / "run.json", tmp_path / "run.jsonl"
-    p = train(
-        2, *TINY_GPT_MODEL, "--stage", "3", "--steps", "2", "--data", corpus,
-        "--trace", str(trace), "--log-jsonl", str(log), "--quiet",
-    )  # fmt: skip
-    assert p.returncode == 0, p.stderr
-    events = json.loads(trace.read_text())["traceEvents"]
-    for rank in (0, 1):
-        mine = [e for e in events if e.get("pid") == rank]
-        names = {e["name"] for e in mine if e.get("ph") == "X"}
-        assert {"forward embed", "backward embed", "allgather", "reduce_scatter"} <= names
-        assert sum(e["cat"] == "optimizer" for e in mine if e.get("ph") == "X") == 2
-        assert sum(e["ph"] == "C" for e in mine) == 2  # the ledger's bytes after each step
-    final = json.loads(log.read_text().splitlines()[-1])
-    sent = final["ranks"][0]["comm_last_step"]["allgather"]["sent_bytes"]
-    mine = [e for e in events if e.get("pid") == 0 and e.get("ph") == "X"]
-    first, second = sorted((e for e in mine if e["cat"] == "optimizer"), key=lambda e: e["ts"])
-    start, end = first["ts"] + first["dur"], second["ts"] + second["dur"]  # step 2
-    gathers = [e for e in mine if e["name"] == "allgather" and start <= e["ts"] < end]
-    assert sum(e["args"]["sent_bytes"] for e in gathers) == sent

@@ -39,6 +39,25 @@ def device_line(engine, comm) -> str:
     return f"; device: {engine.place.description}; {comm.path}"
 
 
+def resume_args(checkpoint, world: int, stage: int) -> dict:
+    """The trace's "resume" event: the checkpoint as saved, and who reads it now."""
+    return {
+        "checkpoint": str(checkpoint.folder),
+        "step": checkpoint.step,
+        "saved": checkpoint.saved_layout(),
+        "resumed": {"world_size": world, "stage": stage},
+    }
+
+
+def attach_trace(trace: Trace, engine, comm) -> None:
+    """Everything that records events: the engine's units and update (and its saves,
+    zero_ref/checkpoint/writer.py), the ledger's collectives and copies, the
+    offloaded update's swap reads, AdamW sub-groups and writes."""
+    engine.trace = comm.ledger.trace = trace
+    if engine.offloaded is not None:
+        engine.offloaded.trace = trace
+
+
 def prepare(parsed: Parsed, world: int) -> tuple[Task, InitSource, object, np.ndarray, object]:
     """Corpus, task and where the initial parameters come from: all checks before the
     first collective. No parameter is drawn or read yet: each rank will take only its
@@ -76,6 +95,10 @@ def train(parsed: Parsed, mpi_comm) -> None:
     parts = job_parts(run, zero, task.model, vocab.chars, tokens, __version__, checkpoint)
     check_same_job(mpi_comm, parts)  # before any collective of training (issue 14)
     refuse_if_it_cannot_fit(parsed, task, comm, budget.ranks_on_host)
+    trace = Trace(comm.rank) if run.trace else None  # --trace (docs/stages.md)
+    if trace is not None and checkpoint:  # a resume's checks and reads are events too
+        checkpoint.trace = trace
+        trace.instant("resume", "checkpoint", **resume_args(checkpoint, comm.size, zero.stage))
     build = lambda: make_engine(task.model, init, zero, comm)  # noqa: E731
     engine, first, loaded = (
         resume_engine(checkpoint, comm, build) if checkpoint else (build(), 0, None)
@@ -98,12 +121,14 @@ def train(parsed: Parsed, mpi_comm) -> None:
     if checkpoint:
         announce_resume(checkpoint, parsed, comm.size, tokens, loaded, progress, log)
     saver = Saver(parsed, engine, tokens, progress, log)
-    if run.trace:  # from the first step on: units, collectives, the update (docs/stages.md)
-        engine.trace = comm.ledger.trace = Trace(comm.rank)
+    if trace is not None:  # from the first step on: units, collectives, the update, saves
+        attach_trace(trace, engine, comm)
     last = min(run.steps, run.stop_at_step or run.steps)
     skipped = 0  # steps skipped for a NaN/Inf gradient (fp16: an overflow)
     for step in range(first, last):
         step_started(step + 1, engine)  # for error messages; fires ZERO_REF_INJECT_FAULT
+        if trace is not None:
+            trace.step = step + 1  # names the optimizer step, skipped or not
         inputs, targets = task.batches(step)
         lr = run.lr_schedule(step + 1)
         t0 = time.perf_counter()
@@ -121,8 +146,10 @@ def train(parsed: Parsed, mpi_comm) -> None:
             "loss_scale": result.loss_scale,
         }
         skipped += result.skipped
-        if engine.trace is not None:
-            engine.trace.counter("ledger bytes", engine.memory.bytes_by_category())
+        if trace is not None:
+            trace.counter("ledger bytes", engine.memory.bytes_by_category())
+            buffers = engine.memory.held["buffers"].items()
+            trace.counter("ledger buffers", {name: int(a.nbytes) for name, a in buffers})
         if check:
             record["oracle_max_abs_diff"] = check.after_step(result, inputs, targets, lr)
         progress.update(record)

@@ -5,12 +5,15 @@ A `Checkpoint` never reads a whole rank file into memory: each range is one
 positioned read (os.preadv) per piece, into the caller's buffer. Its
 `source(kind)` is an InitSource (zero_ref/engine/init_source.py), so a
 resuming engine fills its parameters and optimizer state exactly as it fills
-initial parameters: unit by unit, each rank only what it keeps.
+initial parameters: unit by unit, each rank only what it keeps. With --trace,
+each file's check and each piece read are events on the "checkpoint" lane, with
+their bytes and (a read) where its elements lie in the unit and the old file.
 """
 
 from __future__ import annotations
 
 import os
+import time
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
@@ -26,7 +29,7 @@ from zero_ref.checkpoint.manifest import (
     read_manifest,
     resolve_tag,
 )
-from zero_ref.checkpoint.reshard import pieces
+from zero_ref.checkpoint.reshard import Piece, pieces
 from zero_ref.io.tensor_io import read_header
 from zero_ref.layout.flat import UnitLayout
 
@@ -46,6 +49,7 @@ class Checkpoint:
         self.units = {u.name: u for u in self.layout.units}
         self.files = self._file_entries()
         self._open: dict[int, tuple[int, dict[str, int]]] = {}  # rank -> (fd, data starts)
+        self.trace = None  # a zero_ref.io.trace.Trace (--trace): each check and read, timed
 
     def _file_entries(self) -> list[dict]:
         """The manifest's files: one per saving rank, each {rank, file, bytes, crc32}."""
@@ -64,6 +68,17 @@ class Checkpoint:
                     f"{rank_file_name(i)}, and integer bytes and crc32"
                 )
         return files
+
+    def saved_layout(self) -> dict:
+        """Who saved it, and each unit's size and slice as it was cut: what a trace's
+        "resume" event says, so that each read can be placed (scripts/plot_checkpoint.py)."""
+        m = self.manifest
+        units = [
+            {"name": u.name, "numel": u.numel, "shard_numel": u.shard_numel}
+            for u in self.layout.units
+        ]
+        files = [{"file": f["file"], "bytes": f["bytes"]} for f in self.files]
+        return {"world_size": m["world_size"], "stage": m["stage"], "units": units, "files": files}
 
     def total_bytes(self) -> int:
         """All rank files together, as the manifest records them."""
@@ -117,7 +132,11 @@ class Checkpoint:
         if size != entry["bytes"]:
             what = "truncated" if size < entry["bytes"] else "longer than saved"
             return f"{path}: {what}: {size} bytes, the manifest says {entry['bytes']}"
+        t0 = time.perf_counter()
         crc = _crc32_of(path, chunk_bytes)
+        if self.trace is not None:
+            seconds = time.perf_counter() - t0
+            self.trace.complete(f"verify {path.name}", "checkpoint", t0, seconds, bytes=size)
         if crc != entry["crc32"]:
             return (
                 f"{path}: CRC-32 {crc:#010x}, the manifest says {entry['crc32']:#010x}: "
@@ -139,12 +158,26 @@ class Checkpoint:
             fd, starts = self._file(piece.rank)
             target = out[piece.out_start : piece.out_start + piece.numel]
             offset = starts[kind] + F32_BYTES * piece.file_start
+            t0 = time.perf_counter()
             got = os.preadv(fd, [memoryview(target).cast("B")], offset)
             if got != F32_BYTES * piece.numel:
                 raise CheckpointError(
                     f"{self.path_of(piece.rank)}: truncated: {kind} of {unit.name} ends past "
                     "the end of the file"
                 )
+            if self.trace is not None:
+                self._trace_read(kind, unit, lo, piece, t0)
+
+    def _trace_read(self, kind: str, unit: UnitLayout, lo: int, piece: Piece, t0: float) -> None:
+        """A read on the trace: which elements of the unit, from which old rank's file."""
+        seconds = time.perf_counter() - t0
+        self.trace.complete(
+            f"read {kind} {unit.name}", "checkpoint", t0, seconds,
+            bytes=F32_BYTES * piece.numel, kind=kind, unit=unit.name,
+            start=lo + piece.out_start,  # element of the unit
+            numel=piece.numel, from_rank=piece.rank,
+            file_start=piece.file_start,  # element of that rank's tensors
+        )  # fmt: skip
 
     def source(self, kind: str) -> StateSource:
         return StateSource(self, kind)

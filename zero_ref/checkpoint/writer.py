@@ -13,7 +13,8 @@ the manifest, and the tag folder appears whole or not at all.
 
 A kill before step 3's rename leaves only a hidden .partial folder; a kill
 between the rename and step 4 leaves `latest` naming the previous tag. Either
-way the previous checkpoint stays loadable.
+way the previous checkpoint stays loadable. With --trace, each rank's file, the
+manifest and the publishing are events on the "checkpoint" lane, with their bytes.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,18 +79,30 @@ def save_checkpoint(
         removed = remove_unfinished(directory)
         partial.mkdir()
     comm.mpi.Barrier()  # the folder exists before anyone writes into it
-    entries = comm.mpi.gather(write_rank_file(engine, partial / rank_file_name(rank)), root=0)
+    trace = getattr(engine, "trace", None)  # --trace: each file written, with its bytes
+    with _traced(trace, f"write {rank_file_name(rank)}", step=step) as args:
+        mine = write_rank_file(engine, partial / rank_file_name(rank))
+        args["bytes"] = mine["bytes"]
+    entries = comm.mpi.gather(mine, root=0)
     result = SaveResult(directory / tag, 0, 0.0, removed)
     if rank == 0:
-        manifest = build_manifest(engine, step, entries, training)
-        atomic_write_bytes(partial / MANIFEST, json.dumps(manifest, indent=1).encode())
-        _publish(directory, partial, tag)
-        _replace_latest(directory, tag)
-        result.pruned = prune(directory, keep_last, keep=tag)
+        manifest = json.dumps(build_manifest(engine, step, entries, training), indent=1).encode()
+        with _traced(trace, f"write {MANIFEST}", step=step, bytes=len(manifest)):
+            atomic_write_bytes(partial / MANIFEST, manifest)
+        with _traced(trace, f"publish {tag}", step=step):  # renames and fsyncs: no bytes
+            _publish(directory, partial, tag)
+            _replace_latest(directory, tag)
+            result.pruned = prune(directory, keep_last, keep=tag)
         result.bytes = sum(e["bytes"] for e in entries)
     comm.mpi.Barrier()  # no rank goes on (or exits) before the save is complete
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _traced(trace, name: str, **args):
+    """An event on the trace's checkpoint lane around the block, or nothing; yields the
+    event's args, for what is known at its end."""
+    return nullcontext(args) if trace is None else trace.span(name, "checkpoint", **args)
 
 
 def write_rank_file(engine, path: Path) -> dict[str, Any]:

@@ -371,9 +371,16 @@ class Stage0DataParallel:
         return nullcontext() if self.trace is None else self.trace.span(name, lane, **args)
 
     def optimizer_step(self, lr: float | None = None) -> float:
-        """The update phase, timed on the trace's optimizer lane (see _optimizer_step)."""
-        with self._span(f"optimizer step {self.step_count + 1}", "optimizer"):
-            return self._optimizer_step(lr)
+        """The update phase, timed on the trace's optimizer lane (see _optimizer_step),
+        named after the run's step it attempts: a skipped step (fp16 overflow) is one
+        too, marked so, though the optimizer's own count does not advance."""
+        trying = getattr(self.trace, "step", None) or self.step_count + 1  # no trace: unused
+        with self._span(f"optimizer step {trying}", "optimizer") as args:
+            steps_before = self.step_count
+            norm = self._optimizer_step(lr)
+            if args is not None:
+                args.update(skipped=self.step_count == steps_before, adamw_step=self.step_count)
+            return norm
 
     def _optimizer_step(self, lr: float | None = None) -> float:
         """Average and unscale, clip by the global norm, AdamW on the owned slices;

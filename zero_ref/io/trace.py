@@ -3,10 +3,14 @@
 `python -m zero_ref.train --trace run.json` records what each rank did and when:
 each unit's forward and backward (lane "compute"), each collective with its
 bytes and where in the step it ran (lane "collectives"), each host<->device
-copy (lane "copies"), the optimizer step (lane "optimizer"), and after every
-step the bytes the memory ledger holds by category (a counter). Rank 0 writes
-all ranks' events to one JSON file that https://ui.perfetto.dev and
-chrome://tracing open (one process per rank, one thread per lane);
+copy (lane "copies"), the optimizer step (lane "optimizer"); with the optimizer
+state in swap files (--offload-optimizer nvme) each sub-group's read, AdamW
+kernel and write-back (lanes "swap reads", "adamw sub-groups", "swap writes",
+zero_ref/offload/pipeline.py); every checkpoint file written, checked or read
+(lane "checkpoint"); and after every step the bytes the memory ledger holds by
+category (a counter). Every I/O event carries the bytes it moved in its args.
+Rank 0 writes all ranks' events to one JSON file that https://ui.perfetto.dev
+and chrome://tracing open (one process per rank, one thread per lane);
 scripts/plot_trace.py draws a step of it as a picture (docs/stages.md).
 
 Events are complete events ("ph": "X") with microsecond times from one
@@ -23,15 +27,29 @@ from contextlib import contextmanager
 
 from zero_ref.io.atomic import atomic_write_bytes
 
-LANES = {"compute": 0, "collectives": 1, "copies": 2, "optimizer": 3}
+LANES = {
+    "compute": 0,
+    "collectives": 1,
+    "copies": 2,
+    "optimizer": 3,
+    "swap reads": 4,  # the offloaded update's I/O threads ...
+    "adamw sub-groups": 5,  # ... the main thread's kernel on each sub-group ...
+    "swap writes": 6,  # ... and the write-back behind it
+    "checkpoint": 7,
+}
 
 
 class Trace:
-    """This rank's events, kept in memory until the run ends."""
+    """This rank's events, kept in memory until the run ends.
+
+    The offloaded update's two I/O threads record into it while the main thread
+    does too: each record is one list.append, which is atomic in CPython (the GIL),
+    so no lock is needed; events may land out of time order, and readers sort."""
 
     def __init__(self, rank: int, origin: float | None = None) -> None:
         self.rank = rank
         self.origin = time.perf_counter() if origin is None else origin
+        self.step: int | None = None  # the run's step under way (the trainer sets it)
         self.events: list[dict] = [
             {"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}}
         ] + [
@@ -39,32 +57,45 @@ class Trace:
             for lane, tid in LANES.items()
         ]
 
-    def complete(self, name: str, lane: str, start: float, seconds: float, **args) -> None:
+    def _us(self, t: float) -> float:
+        """perf_counter() time t as microseconds since this trace's origin."""
+        return round((t - self.origin) * 1e6, 1)
+
+    def complete(self, name: str, lane: str, start: float, seconds: float, /, **args) -> None:
         """An event that began at perf_counter() time `start` and lasted `seconds`."""
-        self.events.append(
-            {
-                "name": name,
-                "cat": lane,
-                "ph": "X",
-                "ts": round((start - self.origin) * 1e6, 1),
-                "dur": round(seconds * 1e6, 1),
-                "pid": self.rank,
-                "tid": LANES[lane],
-                "args": args,
-            }
-        )
+        event = {
+            "name": name,
+            "cat": lane,
+            "ph": "X",
+            "ts": self._us(start),
+            "dur": round(seconds * 1e6, 1),
+            "pid": self.rank,
+            "tid": LANES[lane],
+            "args": args,
+        }
+        self.events.append(event)  # one append: safe from the I/O threads too
 
     @contextmanager
-    def span(self, name: str, lane: str, **args) -> Iterator[None]:
+    def span(self, name: str, lane: str, /, **args) -> Iterator[dict]:
+        """The block as one event; yields its args, for what is known only at its end."""
         start = time.perf_counter()
         try:
-            yield
+            yield args
         finally:
             self.complete(name, lane, start, time.perf_counter() - start, **args)
 
+    def instant(self, name: str, lane: str, /, **args) -> None:
+        """Something that happened at this moment, with no duration (e.g. a resume's
+        description of the checkpoint it reads)."""
+        ts = self._us(time.perf_counter())
+        self.events.append(
+            {"name": name, "cat": lane, "ph": "i", "s": "t", "ts": ts, "pid": self.rank}
+            | {"tid": LANES[lane], "args": args}
+        )
+
     def counter(self, name: str, values: dict[str, float]) -> None:
         """A sampled value (e.g. the ledger's bytes by category) at this moment."""
-        ts = round((time.perf_counter() - self.origin) * 1e6, 1)
+        ts = self._us(time.perf_counter())
         self.events.append({"name": name, "ph": "C", "ts": ts, "pid": self.rank, "args": values})
 
 

@@ -12,7 +12,8 @@ only where the bytes wait changes. RAM used is the pool, B x 3 buffers of
 sub_group_size elements (rounded up to whole 4 KiB blocks, plus one block of
 slack so that a buffer can start where its range does within a disk block, as
 O_DIRECT needs) x 4 bytes, whatever the model's size; nothing written stays in
-the page cache.
+the page cache. With a trace (--trace) each read, update and write is an event
+in its own lane, the reads and writes with their bytes (zero_ref/io/trace.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from zero_ref.offload.swap_file import ALIGN, SwapFile
 
 Owned = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 ChunkUpdate = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]
+SWAP_LANES = {"read": "swap reads", "update": "adamw sub-groups", "write": "swap writes"}
 
 
 @dataclass(frozen=True)
@@ -59,18 +61,18 @@ class OffloadedUpdate:
         sub-group plus slack to match a range's alignment (offload_pool_row_numel)."""
         self.store, self.pool, self.count, self.sub_group = store, pool, buffer_count, sub_group
         self.io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="zero_ref-swap")
-        self.timeline: list[tuple[str, int, float, float]] | None = None  # trace(): on
-
-    def trace(self) -> None:
-        """Record (what, sub-group, start, end) of every read, update and write from now
-        on, perf_counter seconds (scripts/bench_offload.py --timeline draws them)."""
-        self.timeline = []
+        self.trace = None  # a zero_ref.io.trace.Trace (--trace): every read, update, write
 
     def _timed(self, what: str, i: int, fn, *args) -> None:
+        """fn(*args), an event on the trace if there is one: "read 3" in lane "swap
+        reads", with the bytes it moved. Runs on the I/O threads for reads and writes:
+        Trace.complete is one list.append, atomic in CPython, so they need no lock."""
         t0 = time.perf_counter()
-        fn(*args)
-        if self.timeline is not None:
-            self.timeline.append((what, i, t0, time.perf_counter()))
+        moved = fn(*args)
+        if self.trace is not None:
+            seconds = time.perf_counter() - t0
+            args = {"sub_group": i} if moved is None else {"sub_group": i, "bytes": moved}
+            self.trace.complete(f"{what} {i}", SWAP_LANES[what], t0, seconds, **args)
 
     def run(self, owned: Sequence[Owned], update: ChunkUpdate) -> None:
         """update(param, grad, master, m, v) on every sub-group, master/m/v in RAM."""
@@ -94,6 +96,11 @@ class OffloadedUpdate:
                 )
         for future in writes.values():
             future.result()
+        if self.trace is not None:  # the swap files' own count, to check the events against
+            files = self.store.files
+            moved = {"read": sum(f.bytes_read for f in files)}
+            moved["written"] = sum(f.bytes_written for f in files)
+            self.trace.counter("swap file bytes", moved)
 
     def _swapped(self, o: Owned) -> list[tuple[SwapFile, int] | None]:
         """For master, m, v of one owned slice, and its parameters when they are not the
@@ -111,22 +118,32 @@ class OffloadedUpdate:
         shift = 0 if where is None else (where[1] + group.lo) % block
         return self.pool[k, :, shift : shift + group.hi - group.lo]
 
-    def _read(self, group: SubGroup, swapped, k: int) -> None:
+    def _read(self, group: SubGroup, swapped, k: int) -> int:
+        """The group's master, m and v (those in swap files) into buffer set k; the bytes."""
+        nbytes = 0
         for j, where in enumerate(swapped[group.index][:3]):
             if where is not None:
                 swap, offset = where
-                swap.read_into(offset + group.lo, self._buffers(group, swapped, k)[j])
+                buffer = self._buffers(group, swapped, k)[j]
+                swap.read_into(offset + group.lo, buffer)
+                nbytes += buffer.nbytes
+        return nbytes
 
-    def _write(self, group: SubGroup, swapped, k: int) -> None:
+    def _write(self, group: SubGroup, swapped, k: int) -> int:
+        """Buffer set k back to the swap files, pages dropped after; the bytes written."""
+        nbytes = 0
         for j, where in enumerate(swapped[group.index][:3]):
             if where is not None:
                 swap, offset = where
-                swap.write_from(offset + group.lo, self._buffers(group, swapped, k)[j])
+                buffer = self._buffers(group, swapped, k)[j]
+                swap.write_from(offset + group.lo, buffer)
                 swap.release(offset + group.lo, group.hi - group.lo, mapped=False)
+                nbytes += buffer.nbytes
         params = swapped[group.index][3]  # 16-bit params in a swap file, written in place
         if params is not None:
             swap, offset = params
             swap.release(offset + group.lo, group.hi - group.lo)
+        return nbytes
 
     def _compute(self, group: SubGroup, owned, swapped, k: int, update: ChunkUpdate) -> None:
         param, grad, master, m, v = owned[group.index]

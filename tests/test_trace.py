@@ -1,0 +1,145 @@
+"""--trace end to end: the Chrome/Perfetto trace-event file `python -m zero_ref.train
+--trace FILE` writes holds, per rank, the units, the collectives with the ledger's
+bytes, the optimizer step named after the run's step, the offloaded update's swap
+reads and writes with the bytes the swap files moved, and every checkpoint file
+written, checked and read (zero_ref/io/trace.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.mpi_pool import mpirun_command, run_watched
+
+TEXT = "Whan that Aprille with his shoures soote the droghte of March hath perced to the roote.\n"
+TINY_GPT = [
+    *("--model", "gpt", "--n-layer", "1", "--n-head", "2", "--d-model", "8"),
+    *("--context", "6", "--batch-size", "4", "--sample-chars", "0", "--quiet"),
+]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "text.txt"
+    path.write_text(TEXT * 20)
+    return str(path)
+
+
+def train(world: int, *flags: str) -> None:
+    p = run_watched(mpirun_command(world, "-m", "zero_ref.train", *flags))
+    assert p.returncode == 0, p.stderr[-3000:]
+
+
+def rank_events(path, rank: int) -> list[dict]:
+    """One rank's timed events (ph X), in the order they began."""
+    events = json.loads(path.read_text())["traceEvents"]
+    mine = [e for e in events if e.get("pid") == rank and e.get("ph") == "X"]
+    return sorted(mine, key=lambda e: e["ts"])
+
+
+def steps_of(mine: list[dict]) -> list[list[dict]]:
+    """The events of each step: from the end of the previous optimizer step to the end of
+    this one (what scripts/plot_trace.py draws as a step)."""
+    ends = [e["ts"] + e["dur"] for e in mine if e["cat"] == "optimizer"]
+    return [
+        [e for e in mine if lo <= e["ts"] < hi]
+        for lo, hi in zip([0.0, *ends[:-1]], ends, strict=True)
+    ]
+
+
+def final_record(log) -> dict:
+    return json.loads(log.read_text().splitlines()[-1])
+
+
+def test_trace_holds_every_ranks_units_collectives_and_update(corpus, tmp_path):
+    """One file from rank 0 with, per rank, each unit's forward and backward, each
+    collective with its bytes, the optimizer step (named after the run's step) and the
+    ledger's bytes per step; the collectives' bytes are the ledger's."""
+    trace, log = tmp_path / "run.json", tmp_path / "run.jsonl"
+    train(
+        2, *TINY_GPT, "--stage", "3", "--steps", "2", "--data", corpus,
+        "--trace", str(trace), "--log-jsonl", str(log),
+    )  # fmt: skip
+    events = json.loads(trace.read_text())["traceEvents"]
+    for rank in (0, 1):
+        mine = [e for e in events if e.get("pid") == rank]
+        names = {e["name"] for e in mine if e.get("ph") == "X"}
+        assert {"forward embed", "backward embed", "allgather", "reduce_scatter"} <= names
+        updates = [e for e in mine if e.get("cat") == "optimizer"]
+        assert [e["name"] for e in updates] == ["optimizer step 1", "optimizer step 2"]
+        assert [e["args"] for e in updates] == [
+            {"skipped": False, "adamw_step": 1},
+            {"skipped": False, "adamw_step": 2},
+        ]
+        ledger = [e for e in mine if e["ph"] == "C" and e["name"] == "ledger bytes"]
+        assert len(ledger) == 2  # the ledger's bytes after each step
+    sent = final_record(log)["ranks"][0]["comm_last_step"]["allgather"]["sent_bytes"]
+    gathers = [e for e in steps_of(rank_events(trace, 0))[1] if e["name"] == "allgather"]
+    assert sum(e["args"]["sent_bytes"] for e in gathers) == sent
+
+
+def test_trace_of_an_offloaded_run_holds_every_swap_read_and_write(corpus, tmp_path):
+    """--offload-optimizer nvme: in each step, the swap reads and writes on the trace add
+    up to what the swap files themselves counted moving (the "swap file bytes" counter,
+    after each update), which is the shard's master, m and v: the ledger's optimizer
+    bytes on disk, 12 per element. Every sub-group is read, updated and written once."""
+    (tmp_path / "nvme").mkdir()
+    trace, log = tmp_path / "offload.json", tmp_path / "offload.jsonl"
+    train(
+        2, *TINY_GPT, "--data", corpus, "--stage", "3", "--precision", "bf16",
+        "--steps", "2", "--offload-optimizer", "nvme", "--offload-param", "nvme",
+        "--nvme-path", str(tmp_path / "nvme"), "--sub-group-size", "100",
+        "--trace", str(trace), "--log-jsonl", str(log),
+    )  # fmt: skip
+    final = final_record(log)
+    shard_numel = final["numel_padded"] // final["world_size"]
+    events = json.loads(trace.read_text())["traceEvents"]
+    for rank in (0, 1):
+        on_disk = final["ranks"][rank]["disk_bytes"]["optimizer"]
+        assert on_disk == 12 * shard_numel  # float32 master, m and v
+        counted = [e["args"] for e in events if e["pid"] == rank and e["name"] == "swap file bytes"]
+        before = {"read": 0, "written": 0}
+        for step, in_step in enumerate(steps_of(rank_events(trace, rank))):
+            moved = {k: counted[step][k] - before[k] for k in before}
+            before = counted[step]
+            lanes = {"read": "swap reads", "written": "swap writes"}
+            for k, lane in lanes.items():
+                assert sum(e["args"]["bytes"] for e in in_step if e["cat"] == lane) == moved[k]
+                assert moved[k] == on_disk
+            groups = {
+                lane: sorted(e["args"]["sub_group"] for e in in_step if e["cat"] == lane)
+                for lane in ("swap reads", "adamw sub-groups", "swap writes")
+            }
+            assert groups["swap reads"] == groups["adamw sub-groups"] == groups["swap writes"]
+            assert groups["swap reads"] == list(range(-(-shard_numel // 100)))
+
+
+def test_trace_of_a_save_and_of_a_resume_holds_the_checkpoint_files(corpus, tmp_path):
+    """--save-dir: each rank's file written with its bytes, rank 0's manifest; --resume
+    on 3 ranks at stage 3: the checkpoint it read, each file checked once over the
+    ranks, and each element of param, m and v read once over the new ranks."""
+    ckpt, saving, resuming = tmp_path / "ckpt", tmp_path / "save.json", tmp_path / "resume.json"
+    flags = [*TINY_GPT, "--data", corpus, "--stage", "3"]
+    train(2, *flags, "--steps", "1", "--save-dir", str(ckpt), "--trace", str(saving))
+    manifest = json.loads((ckpt / "step_000001" / "manifest.json").read_text())
+    for rank, entry in enumerate(manifest["files"]):
+        writes = [e for e in rank_events(saving, rank) if e["cat"] == "checkpoint"]
+        named = {e["name"]: e["args"].get("bytes") for e in writes}
+        assert named[f"write {entry['file']}"] == entry["bytes"]
+        if rank == 0:
+            size = (ckpt / "step_000001" / "manifest.json").stat().st_size
+            assert named["write manifest.json"] == size and "publish step_000001" in named
+    train(3, *flags, "--batch-size", "3", "--steps", "2", "--resume", str(ckpt),
+          "--trace", str(resuming))  # fmt: skip
+    events = json.loads(resuming.read_text())["traceEvents"]
+    resumes = [e["args"] for e in events if e["name"] == "resume"]
+    assert len(resumes) == 3 and resumes[0]["saved"]["world_size"] == 2
+    assert resumes[0]["resumed"] == {"world_size": 3, "stage": 3}
+    loads = [e for e in events if e.get("cat") == "checkpoint" and e["ph"] == "X"]
+    checked = sorted((e["name"], e["args"]["bytes"]) for e in loads if e["name"][:6] == "verify")
+    assert checked == [(f"verify {f['file']}", f["bytes"]) for f in manifest["files"]]
+    numel = manifest["layout"]["numel"]
+    for kind in ("param", "exp_avg", "exp_avg_sq"):
+        read = [e["args"] for e in loads if e["args"].get("kind") == kind]
+        assert sum(r["bytes"] for r in read) == 4 * numel == 4 * sum(r["numel"] for r in read)
