@@ -206,10 +206,10 @@ def emulated_cupy(monkeypatch):
     """The engine's device arrays seen as CuPy would show them on a GPU: arrays of
     another module that refuse host arrays, Numba CPU kernels and bfloat16
     (zero_ref/testing/emulated_device.py), instead of the simulator's NumPy views."""
-    import zero_ref.gpu.placement as placement
+    from zero_ref.gpu import device
     from zero_ref.testing.emulated_device import to_device
 
-    monkeypatch.setattr(placement, "as_array", lambda array: to_device(np.asarray(array)))
+    monkeypatch.setattr(device, "as_array", lambda array: to_device(np.asarray(array)))
 
 
 @pytest.mark.parametrize(

@@ -53,6 +53,39 @@ def accumulate_rounded(dst: np.ndarray, src: np.ndarray) -> None:
         round_into(dst, dst.astype(np.float32) + src.astype(np.float32))
 
 
+class HostArrays:
+    """Temporaries and the roundings on arrays in RAM: what the engine's placement and
+    a Comm's 16-bit sums use (zero_ref/gpu/arrays.py's DeviceArrays has the same
+    methods for device arrays)."""
+
+    def temporary(self, numel: int, dtype: np.dtype) -> np.ndarray:
+        """An array for the length of one call (not in a ledger: what a rank keeps is)."""
+        return np.empty(numel, dtype)
+
+    def dtype_name(self, array: np.ndarray) -> str:
+        """What the elements are ("float32", "float16", "bfloat16")."""
+        return array.dtype.name
+
+    def round_into(self, dst: np.ndarray, src: np.ndarray) -> np.ndarray:
+        """dst[...] = src rounded once to dst's dtype (a copy when they agree)."""
+        return round_into(dst, src)
+
+    def widen_into(self, dst: np.ndarray, src: np.ndarray) -> np.ndarray:
+        """float32 dst[...] = src (16-bit values widen exactly)."""
+        dst[...] = src
+        return dst
+
+    def accumulate_rounded(self, dst: np.ndarray, src: np.ndarray) -> None:
+        """dst = dst + src, added in float32, rounded once to dst's dtype."""
+        accumulate_rounded(dst, src)
+
+    def sync(self) -> None:
+        """Before MPI reads or writes the arrays: nothing to wait for in RAM."""
+
+
+HOST = HostArrays()
+
+
 @dataclass(frozen=True)
 class ElementBytes:
     """Bytes per element of each kind of model-sized array (the memory and

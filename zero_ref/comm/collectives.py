@@ -40,7 +40,7 @@ from zero_ref.comm import schedule
 from zero_ref.comm.ledger import CommLedger
 from zero_ref.comm.rank_order import sum_in_rank_order
 from zero_ref.config import ZeroConfig
-from zero_ref.dtypes import round_into
+from zero_ref.dtypes import HOST, HostArrays
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")  # what collectives accept
 
@@ -69,8 +69,14 @@ class Comm:
         mpi_comm: MPI.Comm,
         reduction: MPIReduction | OrderedReduction | None = None,
         check_schedule: bool = False,
+        arrays: HostArrays = HOST,
     ) -> None:
+        """arrays: what the buffers are (their temporaries, roundings and the wait before
+        MPI touches them): HostArrays, or DeviceArrays for device buffers handed to a
+        CUDA-aware MPI (zero_ref/comm/direct.py)."""
         self.mpi = mpi_comm
+        self.arrays = arrays
+        self.path = "MPI: host buffers"  # how buffers reach MPI, for the run's first line
         self.rank = mpi_comm.Get_rank()
         self.size = mpi_comm.Get_size()
         self.ledger = CommLedger()
@@ -100,6 +106,13 @@ class Comm:
         self.mpi.Allgather(mine, everyone)
         schedule.check_agreement(everyone)
 
+    def _check(self, full, block=None, same_dtype: bool = True) -> None:
+        """_check_blocks with the buffers' element names; then wait for a device's
+        writes to them (a CUDA-aware MPI reads device memory behind CUDA's back)."""
+        names = [self.arrays.dtype_name(b) for b in (full, block) if b is not None]
+        _check_blocks(full, block, self.size, same_dtype, names)
+        self.arrays.sync()
+
     # ---- bytes each rank exchanges, from the buffers of the call
     def _block_bytes(self, n_block: int, itemsize: int = 4) -> int:
         """(W-1) blocks of n_block elements of `itemsize` bytes."""
@@ -119,26 +132,26 @@ class Comm:
 
         float32 both: the reduction policy's sum. A 16-bit send: its words, summed in
         float32 in rank order (sum_16bit_words). A 16-bit recv: rounded once into it."""
-        _check_blocks(send, recv, self.size, same_dtype=False)
-        self._agree("reduce_scatter", recv.size, send.dtype.name)
+        self._check(send, recv, same_dtype=False)
+        self._agree("reduce_scatter", recv.size, self.arrays.dtype_name(send))
         if send.dtype != np.float32:
-            fn = lambda: sum_16bit_words(self.mpi, send, recv)  # noqa: E731
+            fn = lambda: sum_16bit_words(self.mpi, send, recv, self.arrays)  # noqa: E731
         elif recv.dtype != np.float32:
             fn = lambda: self._reduce_scatter_rounded(send, recv)  # noqa: E731
         else:
-            fn = lambda: self.reduction.reduce_scatter(self.mpi, send, recv)  # noqa: E731
+            fn = lambda: self.reduction.reduce_scatter(self.mpi, send, recv, self.arrays)  # noqa: E731
         self._timed("reduce_scatter", recv.size, 1, fn, send.dtype.itemsize)
 
     def _reduce_scatter_rounded(self, send: np.ndarray, recv: np.ndarray) -> None:
         """A float32 sum by the policy, rounded once into the 16-bit recv."""
-        total = np.empty(recv.size, np.float32)
-        self.reduction.reduce_scatter(self.mpi, send, total)
-        round_into(recv, total)
+        total = self.arrays.temporary(recv.size, np.float32)
+        self.reduction.reduce_scatter(self.mpi, send, total, self.arrays)
+        self.arrays.round_into(recv, total)
 
     def allreduce_sum(self, buf: np.ndarray) -> None:
         """buf (W*n,) <- sum over ranks, in place. A 16-bit buf: reduce-scatter of its
         words (summed in float32, rounded once), then an all-gather of the blocks."""
-        _check_blocks(buf, None, self.size)
+        self._check(buf)
         if buf.dtype != np.float32:
             n = buf.size // self.size
             self.reduce_scatter_sum(buf, buf[self.rank * n : (self.rank + 1) * n])
@@ -146,24 +159,27 @@ class Comm:
             return
         self._agree("allreduce", buf.size)
         self._timed(
-            "allreduce", buf.size // self.size, 2, lambda: self.reduction.allreduce(self.mpi, buf)
+            "allreduce",
+            buf.size // self.size,
+            2,
+            lambda: self.reduction.allreduce(self.mpi, buf, self.arrays),
         )
 
     def allreduce_sum_into(self, send: np.ndarray, recv: np.ndarray) -> None:
         """recv (W*n,) <- sum over ranks of send (W*n,), when the two dtypes differ
         (16-bit gradients summed into float32 ones): this rank's block is reduced
         and rounded once into recv, then recv's blocks are all-gathered."""
-        _check_blocks(send, None, self.size)
-        _check_blocks(recv, None, self.size)
+        self._check(send)
+        self._check(recv)
         n = recv.size // self.size
         self.reduce_scatter_sum(send, recv[self.rank * n : (self.rank + 1) * n])
         self.allgather_in_place(recv)
 
     def ireduce_scatter_sum(self, send: np.ndarray, recv: np.ndarray) -> Handle:
         """Non-blocking reduce_scatter_sum; recv is valid after handle.wait()."""
-        _check_blocks(send, recv, self.size)
+        self._check(send, recv)
         self._agree("ireduce_scatter", recv.size)
-        request, finish = self.reduction.ireduce_scatter(self.mpi, send, recv)
+        request, finish = self.reduction.ireduce_scatter(self.mpi, send, recv, self.arrays)
         nbytes = self._block_bytes(recv.size)
         return Handle(
             request, finish, lambda s: self.ledger.record("reduce_scatter", nbytes, nbytes, s)
@@ -172,15 +188,15 @@ class Comm:
     # ---- gathers
     def allgather(self, send: np.ndarray, recv: np.ndarray, kind: str = "allgather") -> None:
         """recv (W*n,) <- every rank's send (n,), in rank order; `kind` names it in the ledger."""
-        _check_blocks(recv, send, self.size)
-        self._agree("allgather", send.size, send.dtype.name)
+        self._check(recv, send)
+        self._agree("allgather", send.size, self.arrays.dtype_name(send))
         fn = lambda: self.mpi.Allgather(_words(send), _words(recv))  # noqa: E731
         self._timed(kind, send.size, 1, fn, send.dtype.itemsize)
 
     def allgather_in_place(self, buf: np.ndarray) -> None:
         """buf (W*n,): block r <- rank r's block r, for every r (MPI_IN_PLACE)."""
-        _check_blocks(buf, None, self.size)
-        self._agree("allgather", buf.size // self.size, buf.dtype.name)
+        self._check(buf)
+        self._agree("allgather", buf.size // self.size, self.arrays.dtype_name(buf))
         fn = lambda: self.mpi.Allgather(MPI.IN_PLACE, _words(buf))  # noqa: E731
         self._timed("allgather", buf.size // self.size, 1, fn, buf.dtype.itemsize)
 
@@ -188,8 +204,9 @@ class Comm:
         """recv (W*n,) on rank 0 <- every rank's send (n,), in rank order; other ranks
         pass recv=None and hold nothing (streaming consolidation to one writer)."""
         if self.rank == 0:
-            _check_blocks(recv, send, self.size)
-        self._agree("gather", send.size, send.dtype.name)
+            self._check(recv, send)
+        self.arrays.sync()
+        self._agree("gather", send.size, self.arrays.dtype_name(send))
         t0 = time.perf_counter()
         self.mpi.Gather(_words(send), _words(recv) if self.rank == 0 else None, root=0)
         nbytes = send.nbytes
@@ -208,7 +225,7 @@ class Comm:
 
     def iallgather(self, send: np.ndarray, recv: np.ndarray) -> Handle:
         """Non-blocking allgather; recv is valid after handle.wait()."""
-        _check_blocks(recv, send, self.size)
+        self._check(recv, send)
         self._agree("iallgather", send.size)
         request = self.mpi.Iallgather(send, recv)
         nbytes = self._block_bytes(send.size)
@@ -277,13 +294,13 @@ class MPIReduction:
 
     deterministic = False
 
-    def reduce_scatter(self, mpi: MPI.Comm, send: np.ndarray, recv: np.ndarray) -> None:
+    def reduce_scatter(self, mpi: MPI.Comm, send, recv, arrays: HostArrays = HOST) -> None:
         mpi.Reduce_scatter_block(send, recv, op=MPI.SUM)
 
-    def allreduce(self, mpi: MPI.Comm, buf: np.ndarray) -> None:
+    def allreduce(self, mpi: MPI.Comm, buf, arrays: HostArrays = HOST) -> None:
         mpi.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
 
-    def ireduce_scatter(self, mpi: MPI.Comm, send: np.ndarray, recv: np.ndarray):
+    def ireduce_scatter(self, mpi: MPI.Comm, send, recv, arrays: HostArrays = HOST):
         return mpi.Ireduce_scatter_block(send, recv, op=MPI.SUM), lambda: None
 
 
@@ -292,32 +309,40 @@ class OrderedReduction:
 
     deterministic = True
 
-    def reduce_scatter(self, mpi: MPI.Comm, send: np.ndarray, recv: np.ndarray) -> None:
-        rows = np.empty((mpi.Get_size(), recv.size), np.float32)  # row r: rank r's block for me
+    def reduce_scatter(self, mpi: MPI.Comm, send, recv, arrays: HostArrays = HOST) -> None:
+        rows = _rows(arrays, mpi.Get_size(), recv.size, np.float32)  # row r: rank r's block
         mpi.Alltoall(send, rows)
         sum_in_rank_order(rows, recv)
 
-    def allreduce(self, mpi: MPI.Comm, buf: np.ndarray) -> None:
-        mine = np.empty(buf.size // mpi.Get_size(), np.float32)
-        self.reduce_scatter(mpi, buf, mine)
+    def allreduce(self, mpi: MPI.Comm, buf, arrays: HostArrays = HOST) -> None:
+        mine = arrays.temporary(buf.size // mpi.Get_size(), np.float32)
+        self.reduce_scatter(mpi, buf, mine, arrays)
+        arrays.sync()
         mpi.Allgather(mine, buf)
 
-    def ireduce_scatter(self, mpi: MPI.Comm, send: np.ndarray, recv: np.ndarray):
-        rows = np.empty((mpi.Get_size(), recv.size), np.float32)
+    def ireduce_scatter(self, mpi: MPI.Comm, send, recv, arrays: HostArrays = HOST):
+        rows = _rows(arrays, mpi.Get_size(), recv.size, np.float32)
         return mpi.Ialltoall(send, rows), lambda: sum_in_rank_order(rows, recv)
 
 
-def sum_16bit_words(mpi: MPI.Comm, send: np.ndarray, recv: np.ndarray) -> None:
+def _rows(arrays: HostArrays, world: int, n: int, dtype) -> np.ndarray:
+    """A (world, n) temporary: row r receives rank r's block."""
+    return arrays.temporary(world * n, dtype).reshape(world, n)
+
+
+def sum_16bit_words(mpi: MPI.Comm, send, recv, arrays: HostArrays = HOST) -> None:
     """recv = this rank's block of the sum over ranks of a 16-bit send: an Alltoall of
     the 16-bit words, each row widened to float32 (exact), added in rank order, and
     rounded once to recv's dtype. The same result in fast and deterministic mode."""
-    words = np.empty((mpi.Get_size(), recv.size), np.uint16)  # row r: rank r's block for me
+    world, n = mpi.Get_size(), recv.size
+    words = _rows(arrays, world, n, np.uint16)  # row r: rank r's block for me
     mpi.Alltoall(_words(send), words)
-    rows = words.view(send.dtype).astype(np.float32)
-    total = recv if recv.dtype == np.float32 else np.empty(recv.size, np.float32)
+    rows = _rows(arrays, world, n, np.float32)
+    arrays.widen_into(rows.reshape(-1), words.reshape(-1).view(send.dtype))
+    total = recv if recv.dtype == np.float32 else arrays.temporary(n, np.float32)
     sum_in_rank_order(rows, total)
     if total is not recv:
-        round_into(recv, total)
+        arrays.round_into(recv, total)
 
 
 def _words(buf: np.ndarray) -> np.ndarray:
@@ -327,12 +352,19 @@ def _words(buf: np.ndarray) -> np.ndarray:
 
 
 def _check_blocks(
-    full: np.ndarray, block: np.ndarray | None, world: int, same_dtype: bool = True
+    full: np.ndarray,
+    block: np.ndarray | None,
+    world: int,
+    same_dtype: bool = True,
+    names: list[str] | None = None,
 ) -> None:
     """full (and block) must be contiguous float32/float16/bfloat16, of one dtype unless
-    a reduction rounds into another, full holding W * block.size elements."""
-    for buf in (full,) if block is None else (full, block):
-        if buf.dtype.name not in FLOAT_DTYPES or not buf.flags.c_contiguous:
+    a reduction rounds into another, full holding W * block.size elements. names: what
+    their elements are, when not their dtype's name (a GPU's bf16 is stored as uint16)."""
+    buffers = (full,) if block is None else (full, block)
+    names = names or [b.dtype.name for b in buffers]
+    for buf, name in zip(buffers, names, strict=True):
+        if name not in FLOAT_DTYPES or not buf.flags.c_contiguous:
             layout = "contiguous" if buf.flags.c_contiguous else "not contiguous"
             raise ValueError(
                 f"collective buffers must be contiguous {', '.join(FLOAT_DTYPES)}; "

@@ -11,9 +11,10 @@ device copies at full PCIe speed and which is slow to allocate. Each copy is
 counted in the communication ledger as device_to_host or host_to_device
 bytes, apart from the bytes that cross the network.
 
-A CUDA-aware MPI would take the device arrays directly, after a stream
-synchronize (mpi4py does not know CUDA streams); only the staged path is
-built so far (docs/gpu.md).
+A CUDA-aware MPI takes the device arrays directly instead (device_comm below):
+the host Comm itself, its temporaries and 16-bit sums made on the device
+(zero_ref/gpu/arrays.py), each call after a device synchronize (mpi4py does not
+know CUDA streams). No copy, and nothing in host memory.
 """
 
 from __future__ import annotations
@@ -200,25 +201,21 @@ class StagedComm:
         raise NotImplementedError("non-blocking collectives on device arrays are not staged yet")
 
 
-def device_comm(comm: Comm, cuda_aware_mpi: str) -> StagedComm:
+def device_comm(comm: Comm, cuda_aware_mpi: str) -> Comm | StagedComm:
     """The Comm a --device gpu engine uses: the library asked whether it is CUDA-aware
-    and --cuda-aware-mpi resolved against its answer (zero_ref/gpu/mpi_support.py);
-    the direct path is not built yet, so device buffers are staged either way."""
+    and --cuda-aware-mpi resolved against its answer (zero_ref/gpu/mpi_support.py).
+    CUDA-aware: a Comm that hands MPI the device arrays themselves, its temporaries and
+    16-bit sums on the device, each call after a device synchronize (DeviceArrays).
+    Not: a StagedComm, through reused pinned host buffers."""
     from numba import cuda
 
-    from zero_ref.gpu.mpi_support import (
-        CudaAwareMPIError,
-        MPIPath,
-        choose_path,
-        library_says_cuda_aware,
-    )
+    from zero_ref.gpu.arrays import DeviceArrays
+    from zero_ref.gpu.mpi_support import choose_path, library_says_cuda_aware
 
     path = choose_path(cuda_aware_mpi, library_says_cuda_aware())
-    if cuda_aware_mpi == "yes":
-        raise CudaAwareMPIError(
-            "--cuda-aware-mpi yes: passing device buffers to MPI directly is not built yet "
-            "(docs/gpu.md); use --cuda-aware-mpi auto or no (staged through host)"
-        )
-    if path.cuda_aware:
-        path = MPIPath(False, f"{path.reason}; the direct path is not built yet")
-    return StagedComm(comm, cuda.pinned_array, path.describe())
+    if not path.cuda_aware:
+        return StagedComm(comm, cuda.pinned_array, path.describe())
+    where = lambda: f"rank {comm.rank}, a collective of step {comm.step}"  # noqa: E731
+    direct = Comm(comm.mpi, comm.reduction, comm.check_schedule, arrays=DeviceArrays(where))
+    direct.path = path.describe()
+    return direct

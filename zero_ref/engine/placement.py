@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from zero_ref.dtypes import accumulate_rounded, round_into
+from zero_ref.dtypes import HostArrays
 from zero_ref.engine.memory import MemoryLedger
 
 
-class HostPlacement:
-    """Arrays in RAM, each registered with the ledger under its category."""
+class HostPlacement(HostArrays):
+    """Arrays in RAM, each registered with the ledger under its category; the roundings
+    on them (temporary, round_into, widen_into, accumulate_rounded) are HostArrays'."""
 
     def __init__(self, ledger: MemoryLedger) -> None:
         self.ledger = ledger
@@ -46,25 +47,6 @@ class HostPlacement:
         raw = self.zeros(category, name, numel + align // itemsize, dtype)
         skip = (-raw.__array_interface__["data"][0]) % align // itemsize
         return raw[skip : skip + numel]
-
-    def temporary(self, numel: int, dtype: np.dtype) -> np.ndarray:
-        """An array for the length of one call, not in the ledger (like NumPy's own
-        temporaries: the ledger counts what a rank keeps)."""
-        return np.empty(numel, dtype)
-
-    # ---- dtype conversions on placed arrays (the roundings: zero_ref/dtypes.py)
-    def round_into(self, dst: np.ndarray, src: np.ndarray) -> np.ndarray:
-        """dst[...] = float32 src rounded once to dst's dtype (a copy when float32)."""
-        return round_into(dst, src)
-
-    def widen_into(self, dst: np.ndarray, src: np.ndarray) -> np.ndarray:
-        """float32 dst[...] = src (16-bit values widen exactly)."""
-        dst[...] = src
-        return dst
-
-    def accumulate_rounded(self, dst: np.ndarray, src: np.ndarray) -> None:
-        """dst = dst + src, added in float32, rounded once to dst's dtype."""
-        accumulate_rounded(dst, src)
 
 
 def placement_for(device: str, ledger: MemoryLedger, where):
