@@ -1,15 +1,20 @@
 """Draw what each rank's checkpoint file holds, and what each rank of a resume reads.
 
+    mpirun -n 3 python -m zero_ref.train --resume runs/ckpt_stage3 --stage 3 \\
+        --micro-batch-size 8 --steps 3 --trace runs/resume_stage3.json
     python scripts/plot_checkpoint.py runs/resume_stage3.json runs/resume_stage1.json \\
         --out docs/img/checkpoint_reshard.png
 
-Each JSON is a resume recorded by scripts/trace_resume.py. The top panel is the
-checkpoint they read, from its manifest's layout: rank r of the W ranks that saved
-it holds slice r of every unit (the same slices at every stage). Below it, one
-panel per resume: each new rank's row has a bar for every range it read, at that
-range's place in the model, colored by the old rank whose file it came from. The
-x-axis is the model's elements, unit after unit (padding left out). Every figure is
-checked for anything drawn outside its axes before it is saved (scripts/plot_run.py).
+Each JSON is the --trace of a resumed run: its "resume" event describes the
+checkpoint as saved (zero_ref/checkpoint/reader.py's saved_layout) and who resumes
+it, and its "checkpoint" lane holds every range each new rank read, with the old
+rank file it came from. The top panel is the checkpoint they read, from its
+manifest's layout: rank r of the W ranks that saved it holds slice r of every unit
+(the same slices at every stage). Below it, one panel per resume: each new rank's
+row has a bar for every range it read, at that range's place in the model, colored
+by the old rank whose file it came from. The x-axis is the model's elements, unit
+after unit (padding left out). Every figure is checked for anything drawn outside
+its axes before it is saved (scripts/plot_run.py).
 """
 
 from __future__ import annotations
@@ -97,8 +102,24 @@ def draw_resume(ax, record: dict, stem: str) -> None:
     )
 
 
+def resume_record(path: Path) -> dict:
+    """A resumed run's trace as {"saved", "resumed", "reads": per new rank, each range it
+    read (kind, unit, start, numel, from_rank, ...)}: its "resume" event and its reads."""
+    events = json.loads(path.read_text())["traceEvents"]
+    on_lane = [e for e in events if e.get("cat") == "checkpoint"]
+    resume = next((e["args"] for e in on_lane if e["name"] == "resume"), None)
+    if resume is None:
+        raise SystemExit(f"{path}: no resume in this trace (a --trace of a --resume run?)")
+    world = resume["resumed"]["world_size"]
+    reads = [
+        [e["args"] for e in on_lane if e["pid"] == rank and "from_rank" in e["args"]]
+        for rank in range(world)
+    ]
+    return {**resume, "reads": reads}
+
+
 def figure(paths: list[Path]) -> plt.Figure:
-    records = [json.loads(p.read_text()) for p in paths]
+    records = [resume_record(p) for p in paths]
     saved = records[0]["saved"]
     rows = [saved["world_size"]] + [
         sum(len(rows_of(reads)) for reads in r["reads"]) for r in records
@@ -123,7 +144,7 @@ def figure(paths: list[Path]) -> plt.Figure:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("resumes", nargs="+", type=Path, help="JSON files of trace_resume.py")
+    p.add_argument("resumes", nargs="+", type=Path, help="--trace files of --resume runs")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args()
     fig = figure(a.resumes)

@@ -4,15 +4,18 @@
     python scripts/plot_trace.py runs/trace_fp16.json:3 runs/trace_fp16.json:4 --out f.png
 
 For each trace (a run of `python -m zero_ref.train --trace FILE`), rank 0's last
-step, or with FILE:N the N-th optimizer step the trace holds, or with ":optimizer"
+step, or with FILE:N the run's step N (a resumed run's trace starts after step 1),
+or with ":optimizer"
 after either only that step's optimizer step, on its own time scale: its units'
 forward and backward (lane "compute"), its collectives, colored by kind, with their
 bytes in the title (lane "collectives"), and the optimizer step (lane "optimizer").
 Lanes only some runs have are drawn when a trace holds them: host<->device copies
-(--device gpu: lane "copies", their bytes in the title), and the offloaded
-optimizer's swap-file reads, AdamW sub-groups and writes, which
-scripts/trace_offload.py adds. With a --log-jsonl log beside the trace (FILE.jsonl
-for FILE.json) the title says the step's loss scale and whether it was skipped.
+(--device gpu: lane "copies", their bytes in the title), the offloaded optimizer's
+swap-file reads, AdamW sub-groups and writes (--offload-optimizer nvme), and
+checkpoint files written or read (lane "checkpoint": a save after the previous step,
+or a resume's reads before step 1). With a --log-jsonl log beside the trace
+(FILE.jsonl for FILE.json) the title says the step's loss scale and whether it was
+skipped.
 
 Times are from the start of that step. --order draws the events in the order they
 began, one slot each, instead of by time: for numba-cuda's simulator, where a kernel
@@ -34,6 +37,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from plot_run import save  # noqa: E402  (beside this script: the same axes check)
 
 LANES = (  # bottom to top; a trace's lanes are drawn only if it has events in them
+    "checkpoint",
     "optimizer",
     "swap writes",
     "adamw sub-groups",
@@ -57,11 +61,12 @@ COPY_COLORS = {
     "offload_params_to_device": "teal",
 }
 SWAP_COLORS = {"swap reads": "navy", "adamw sub-groups": "darkorange", "swap writes": "darkgreen"}
+IO_COLORS = {**SWAP_COLORS, "checkpoint": "sienna"}
 
 
 def parse_spec(spec: str) -> tuple[Path, int | None, bool]:
-    """A spec FILE, FILE:N, FILE:optimizer or FILE:N:optimizer as (the trace, its N-th
-    optimizer step or None for the last, whether to draw the optimizer step alone)."""
+    """A spec FILE, FILE:N, FILE:optimizer or FILE:N:optimizer as (the trace, the run's
+    step N or None for the last, whether to draw the optimizer step alone)."""
     rest, zoom = spec, spec.endswith(":optimizer")
     if zoom:
         rest = spec[: -len(":optimizer")]
@@ -74,14 +79,17 @@ def parse_spec(spec: str) -> tuple[Path, int | None, bool]:
 def step_events(
     events: list[dict], step: int | None, zoom: bool = False, rank: int = 0
 ) -> tuple[list[dict], float]:
-    """Rank's events of its step-th optimizer step (1-based; None: the last), and when
-    that step began (us): from the end of the previous optimizer step to the end of
-    this one, or (zoom) the optimizer step's own span."""
+    """Rank's events of the run's step `step` (None: the last), and when that step began
+    (us): from the end of the previous optimizer step to the end of this one, or (zoom)
+    the optimizer step's own span. The optimizer event is named after the step."""
     mine = [e for e in events if e.get("pid") == rank and e.get("ph") == "X"]
     steps = sorted((e for e in mine if e["cat"] == "optimizer"), key=lambda e: e["ts"])
-    i = len(steps) - 1 if step is None else step - 1
-    if not 0 <= i < len(steps):
-        raise SystemExit(f"step {step}: the trace holds {len(steps)} optimizer steps")
+    names = [e["name"] for e in steps]
+    wanted = f"optimizer step {step or ''}"
+    if not steps or (step is not None and wanted not in names):
+        held = f"{names[0]} .. {names[-1]}" if names else "no optimizer step"
+        raise SystemExit(f"{wanted}: the trace holds {held}")
+    i = len(steps) - 1 if step is None else names.index(wanted)
     end = steps[i]["ts"] + steps[i]["dur"]
     start = steps[i - 1]["ts"] + steps[i - 1]["dur"] if i > 0 else 0.0
     if zoom:
@@ -96,7 +104,7 @@ def color_of(e: dict) -> str:
         return COPY_COLORS[e["name"]]
     if e["cat"] == "compute":
         return "tab:cyan" if e["name"].startswith("forward") else "tab:olive"
-    return SWAP_COLORS.get(e["cat"], "0.3")
+    return IO_COLORS.get(e["cat"], "0.3")
 
 
 def placed(events: list[dict], start: float, order: bool) -> list[tuple[dict, float, float]]:
@@ -137,8 +145,9 @@ def bar_span(e: dict, row: int, subs: dict[int, tuple[int, int]]) -> tuple[float
 
 def draw(ax, events: list[dict], start: float, order: bool = False) -> dict[str, dict]:
     """The lanes of one step on ax; returns its bytes: "sent" per collective kind,
-    "copied" per copy kind, "swap" read and written."""
-    moved = {"sent": defaultdict(int), "copied": defaultdict(int), "swap": defaultdict(int)}
+    "copied" per copy kind, "swap" read and written, "checkpoint" per verb (write,
+    verify, read)."""
+    moved = {k: defaultdict(int) for k in ("sent", "copied", "swap", "checkpoint")}
     lanes = [lane for lane in LANES if any(e["cat"] == lane for e in events)]
     rows = {lane: row for row, lane in enumerate(lanes)}
     right = 0.0
@@ -159,6 +168,8 @@ def draw(ax, events: list[dict], start: float, order: bool = False) -> dict[str,
             moved["copied"][e["name"]] += e["args"]["bytes"]
         elif e["cat"] in ("swap reads", "swap writes"):
             moved["swap"][e["cat"]] += e["args"]["bytes"]
+        elif e["cat"] == "checkpoint":
+            moved["checkpoint"][e["name"].split()[0]] += e["args"].get("bytes", 0)
     ax.set_yticks(list(rows.values()), list(rows))
     ax.set_xlim(0, right * 1.02)
     ax.set_ylim(-0.6, len(rows) - 0.4)
@@ -171,8 +182,8 @@ def step_record(path: Path, step: int | None) -> dict | None:
     if not log.exists():
         return None
     records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-    steps = [r for r in records if not r.get("final")]
-    return steps[-1] if step is None else steps[step - 1]
+    steps = [r for r in records if "step" in r and not r.get("final")]
+    return steps[-1] if step is None else next(r for r in steps if r["step"] == step)
 
 
 def listed(nbytes: dict[str, int]) -> str:
@@ -193,6 +204,8 @@ def title(path: Path, step: int | None, zoom: bool, moved: dict[str, dict]) -> s
         lines.append(f"copied {listed(moved['copied'])}")
     if moved["swap"]:
         lines.append(listed(moved["swap"]))
+    if moved["checkpoint"]:
+        lines.append(f"checkpoint {listed(moved['checkpoint'])}")
     return "\n".join(lines)
 
 
@@ -202,8 +215,8 @@ def legend_entries(events: list[dict]) -> dict[str, str]:
     for e in events:
         if e["cat"] in ("collectives", "copies"):
             entries[e["name"]] = color_of(e)
-        elif e["cat"] in SWAP_COLORS:
-            entries[e["cat"]] = SWAP_COLORS[e["cat"]]
+        elif e["cat"] in IO_COLORS:
+            entries[e["cat"]] = IO_COLORS[e["cat"]]
     return entries
 
 
@@ -230,7 +243,7 @@ def figure(specs: list[str], order: bool = False) -> tuple[plt.Figure, dict]:
     unit = "events in the order they began (one slot each)" if order else "ms into the step"
     if not drawn[-1][2]:  # a zoomed panel has its own label
         axes[-1, 0].set_xlabel(f"{unit} (forward: cyan, backward: olive)")
-    known = [*COLORS, *COPY_COLORS, *SWAP_COLORS, *entries]  # the legend in this order
+    known = [*COLORS, *COPY_COLORS, *IO_COLORS, *entries]  # the legend in this order
     entries = {k: entries[k] for k in dict.fromkeys(known) if k in entries}
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in entries.values()]
     fig.legend(handles, list(entries), loc="upper right", ncol=min(len(entries), 6), fontsize=7)

@@ -44,10 +44,6 @@ def job(world: int, *args: str, env: dict[str, str] | None = None) -> str:
     return p.stdout
 
 
-def last_json(stdout: str) -> dict:
-    return json.loads(stdout.strip().splitlines()[-1])
-
-
 def drawn(scripts, specs: list[str], out, order: bool = False) -> dict:
     """figure() of plot_trace, checked for bars outside their axes and saved."""
     plot_run, plot_trace, _ = scripts
@@ -74,49 +70,59 @@ def test_precision_figure_shows_a_skipped_fp16_step(scripts, corpus, tmp_path):
     assert "skipped, loss scale 1,099,511,627,776" in fig.axes[0].get_title()
     sent = summary["trace_fp16:last"]["sent"]
     assert "nonfinite" in sent and "allgather" not in sent
+    events = json.loads(trace.read_text())["traceEvents"]
+    updates = [e for e in events if e.get("pid") == 0 and e.get("cat") == "optimizer"]
+    assert [(e["name"], e["args"]["skipped"]) for e in updates] == [
+        ("optimizer step 1", True),
+        ("optimizer step 2", True),
+    ]  # named after the step tried, though the optimizer's count stays at 0
     final = json.loads((tmp_path / "trace_fp16.jsonl").read_text().splitlines()[-1])
     ledger = final["ranks"][0]["comm_last_step"]
     assert sent == {kind: v["sent_bytes"] for kind, v in ledger.items()}
 
 
 def test_offload_figure_shows_every_swap_read_and_write(scripts, corpus, tmp_path):
-    """scripts/trace_offload.py: the swap lanes of the last step hold exactly the bytes
-    the swap files moved in a step, which are master, m and v (12 bytes each)."""
+    """The trainer's --trace of an offloaded run: the swap lanes of the last step hold
+    exactly the bytes the swap files moved in a step (their own count, on the trace),
+    which are master, m and v (12 bytes each): the ledger's optimizer bytes on disk,
+    with no parameters and no optimizer state in RAM."""
     (tmp_path / "nvme").mkdir()
-    trace = tmp_path / "trace_offload.json"
-    out = job(
-        2, str(SCRIPTS / "trace_offload.py"), "--out", str(trace), "--", *TINY_GPT,
-        "--data", corpus, "--stage", "3", "--precision", "bf16", "--steps", "2",
-        "--offload-optimizer", "nvme", "--offload-param", "nvme",
-        "--nvme-path", str(tmp_path / "nvme"), "--sub-group-size", "100",
+    trace, log = tmp_path / "trace_offload.json", tmp_path / "trace_offload.jsonl"
+    job(
+        2, "-m", "zero_ref.train", *TINY_GPT, "--data", corpus, "--stage", "3",
+        "--precision", "bf16", "--steps", "2", "--offload-optimizer", "nvme",
+        "--offload-param", "nvme", "--nvme-path", str(tmp_path / "nvme"),
+        "--sub-group-size", "100", "--trace", str(trace), "--log-jsonl", str(log),
     )  # fmt: skip
-    held = last_json(out)["rank 0"]
     summary = drawn(scripts, [str(trace), f"{trace}:optimizer"], tmp_path / "offload.png")
     swap = summary["trace_offload:last"]["swap"]
-    assert swap == {
-        "swap reads": held["read_bytes_per_step"],
-        "swap writes": held["written_bytes_per_step"],
-    }
-    assert swap["swap reads"] == held["disk_bytes"]["optimizer"]
-    assert held["ram_bytes"]["optimizer"] == held["ram_bytes"]["params"] == 0
     events = json.loads(trace.read_text())["traceEvents"]
-    assert any(e.get("cat") == "adamw sub-groups" for e in events)
+    counted = [e["args"] for e in events if e.get("pid") == 0 and e["name"] == "swap file bytes"]
+    assert swap == {
+        "swap reads": counted[-1]["read"] - counted[-2]["read"],
+        "swap writes": counted[-1]["written"] - counted[-2]["written"],
+    }
+    held = json.loads(log.read_text().splitlines()[-1])["ranks"][0]
+    assert swap["swap reads"] == held["disk_bytes"]["optimizer"]
+    assert held["memory_bytes"]["optimizer"] == held["memory_bytes"]["params"] == 0
+    assert summary["trace_offload:last:optimizer"]["swap"] == swap
 
 
 def test_checkpoint_figure_shows_each_new_rank_reading_its_slices(scripts, corpus, tmp_path):
-    """Saved by 2 ranks, resumed by 3 at stage 3 (scripts/trace_resume.py): each unit's
-    real elements are read exactly once per kind over the new ranks, from the old
-    rank whose slice holds them."""
+    """Saved by 2 ranks, resumed by 3 at stage 3 (--resume --trace): each unit's real
+    elements are read exactly once per kind over the new ranks, from the old rank
+    whose slice holds them."""
     ckpt, reads = tmp_path / "ckpt", tmp_path / "resume_stage3.json"
-    flags = [*TINY_GPT, "--data", corpus, "--stage", "3", "--steps", "1"]
-    job(2, "-m", "zero_ref.train", *flags, "--save-dir", str(ckpt))
-    resume = [str(SCRIPTS / "trace_resume.py"), str(ckpt), "--out", str(reads), "--"]
-    job(3, *resume, *flags, "--batch-size", "3")
+    flags = [*TINY_GPT, "--data", corpus, "--stage", "3"]
+    job(2, "-m", "zero_ref.train", *flags, "--steps", "1", "--save-dir", str(ckpt))
+    resume = ["--resume", str(ckpt), "--batch-size", "3", "--steps", "2", "--trace", str(reads)]
+    job(3, "-m", "zero_ref.train", *flags, *resume)
     plot_run, _, plot_checkpoint = scripts
     fig = plot_checkpoint.figure([reads])
     assert plot_run.outside_axes(fig) == []
     plot_run.save(fig, tmp_path / "checkpoint.png")
-    record = json.loads(reads.read_text())
+    record = plot_checkpoint.resume_record(reads)
+    assert len(record["reads"]) == 3 and record["saved"]["world_size"] == 2
     for unit in record["saved"]["units"]:
         for kind in ("param", "exp_avg", "exp_avg_sq"):
             got = sorted(
