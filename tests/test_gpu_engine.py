@@ -268,3 +268,16 @@ def test_the_command_line_run_on_cupy_like_arrays_is_bitwise_its_oracle(
     assert main(args.split()) == 0
     assert (tmp_path / "out.safetensors").stat().st_size > 0
     assert any((tmp_path / "ck").glob("step_*"))
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_what_host_code_reads_of_a_gpu_run_is_host_memory(emulated_cupy, stage):
+    """Checkpoints, export, the oracle and sampling are host code: every array the engine
+    hands them is a NumPy array (on a GPU, CuPy refuses np.asarray of its arrays)."""
+    _, _, engine = train("gpu", stage=stage, precision="bf16")
+    seen = []
+    engine.stream_state(("param", "exp_avg"), lambda kind, unit, flat: seen.append(flat))
+    unit = engine.layout.units[0]
+    seen += [engine.owned_state("param", unit), *engine.full_parameters().values()]
+    seen.append(engine.forward(ReplayModel(SMALL).contexts(1, 0, 1, 1)[0, 0]))
+    assert seen and {type(a) for a in seen} == {np.ndarray}

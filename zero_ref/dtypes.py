@@ -82,6 +82,10 @@ class HostArrays:
     def sync(self) -> None:
         """Before MPI reads or writes the arrays: nothing to wait for in RAM."""
 
+    def to_host(self, array: np.ndarray) -> np.ndarray:
+        """The array as host code reads it (checkpoints, export, the oracle): itself."""
+        return array
+
 
 HOST = HostArrays()
 

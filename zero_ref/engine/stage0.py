@@ -450,13 +450,13 @@ class Stage0DataParallel:
         for i, unit in enumerate(self.model.units):
             x, _ = unit.forward(self.unit_params(i), x)
             self.release_unit_params(i)
-        return x
+        return self.place.to_host(x)  # a device's output copied to host memory
 
     def full_parameters(self) -> dict[str, np.ndarray]:
         """Every parameter, a full copy on every rank (a collective at stage 3): for tests
         and small models. Runs stream the state to rank 0 instead (stream_state). With
         16-bit parameters these are the float32 master weights they are rounded from."""
-        return unpack_full(self.master, self.layout)
+        return unpack_full(self.place.to_host(self.master), self.layout)
 
     def stream_state(self, kinds: Sequence[str], sink: StateSink) -> None:
         """Hand rank 0 each unit's padded range of each state buffer in `kinds`
@@ -479,7 +479,7 @@ class Stage0DataParallel:
                         self.comm.gather_to_root(shard[unit.shard_slice()], flat, "consolidate")
                     self.release_pages(shard[unit.shard_slice()])
                 if self.rank == 0:
-                    sink(kind, unit, flat)
+                    sink(kind, unit, self.place.to_host(flat))  # host memory: a device's copied
         if self.memory.holds("buffers", "landing"):
             self.memory.drop("buffers", "landing")
         self.release_offloaded()
@@ -490,8 +490,8 @@ class Stage0DataParallel:
         saves the same slices, so a checkpoint does not depend on the stage."""
         whole, shard = self._state_buffers(kind)
         if whole is not None:
-            return rank_rows(whole[unit.full_slice()], unit)[self.rank]
-        return shard[unit.shard_slice()]
+            return self.place.to_host(rank_rows(whole[unit.full_slice()], unit)[self.rank])
+        return self.place.to_host(shard[unit.shard_slice()])
 
     def load_state(self, kind: str, source: InitSource) -> None:
         """Overwrite state buffer `kind` with what `source` holds for it, reading only

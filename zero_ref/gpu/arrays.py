@@ -75,6 +75,17 @@ class DeviceArrays:
         """What the elements are: uint16 on a GPU is bfloat16's bits."""
         return stored_dtype_name(array)
 
+    def to_host(self, array) -> np.ndarray:
+        """A host copy of a device array, for host code (checkpoints, export, the
+        oracle, sampling), bf16 as bfloat16; a NumPy array (the simulator's) itself."""
+        if type(array) is np.ndarray:
+            return array
+        from zero_ref.comm.staging import copy_out, host_dtype
+
+        host = np.empty(array.shape, host_dtype(array))
+        copy_out(array, host)
+        return host
+
     def sync(self) -> None:
         """Wait for the device's queued kernels: MPI (mpi4py) knows nothing of CUDA
         streams, so a CUDA-aware collective must not start before its input is written."""
