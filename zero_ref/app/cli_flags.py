@@ -337,7 +337,8 @@ def _file_flags(g) -> None:
     g.add_argument(
         "--trace",
         help="every rank's timeline (units' forward and backward, collectives with their "
-        "bytes, the optimizer step, ledger bytes) as Chrome/Perfetto trace JSON",
+        "bytes, host<->device copies, the optimizer step, swap-file reads and writes, "
+        "checkpoint writes and reads, ledger bytes) as Chrome/Perfetto trace JSON",
     )
 
 
