@@ -133,7 +133,7 @@ class Checkpoint:
             what = "truncated" if size < entry["bytes"] else "longer than saved"
             return f"{path}: {what}: {size} bytes, the manifest says {entry['bytes']}"
         t0 = time.perf_counter()
-        crc = _crc32_of(path, chunk_bytes)
+        crc = _crc32_of(path, min(chunk_bytes, size))  # a small file: a small buffer
         if self.trace is not None:
             seconds = time.perf_counter() - t0
             self.trace.complete(f"verify {path.name}", "checkpoint", t0, seconds, bytes=size)
