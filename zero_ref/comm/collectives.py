@@ -73,7 +73,7 @@ class Comm:
     ) -> None:
         """arrays: what the buffers are (their temporaries, roundings and the wait before
         MPI touches them): HostArrays, or DeviceArrays for device buffers handed to a
-        CUDA-aware MPI (zero_ref/comm/direct.py)."""
+        CUDA-aware MPI (zero_ref/comm/staging.py's device_comm)."""
         self.mpi = mpi_comm
         self.arrays = arrays
         self.path = "MPI: host buffers"  # how buffers reach MPI, for the run's first line
