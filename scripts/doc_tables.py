@@ -81,11 +81,15 @@ def load(name: str, doc: Path) -> render.Result:
 
 
 def problems(part: Marked) -> list[str]:
-    """What keeps a marked part from being rendered: an unknown renderer, a missing file."""
+    """What keeps a marked part from being rendered: an unknown renderer, a missing file,
+    a result that does not say how it was measured (no `recorded`, see bench_common.emit)."""
     found = [] if part.name in RENDERERS else [f"no renderer '{part.name}'"]
-    found += [
-        f"no {result_path(f).relative_to(REPO)}" for f in part.files if not result_path(f).is_file()
-    ]
+    for name in part.files:
+        path = result_path(name)
+        if not path.is_file():
+            found.append(f"no {path.relative_to(REPO)}")
+        elif "recorded" not in json.loads(path.read_text()):
+            found.append(f"{path.relative_to(REPO)} does not say how it was measured")
     return found
 
 

@@ -21,7 +21,7 @@ def memory(res: Result) -> str:
     ckpt = ", with activation checkpointing" if d["checkpoint_activations"] else ""
     parts = [
         f"{d['ranks']} ranks, context {d['context']}, micro-batch 1, {d['steps']} steps"
-        f"{', --export' if d['export'] else ''}; bytes per parameter per rank, the largest over "
+        f"{', `--export`' if d['export'] else ''}; bytes per parameter per rank, the largest over "
         "ranks. " + measured_by(res)
     ]
     for size, rows in d["sizes"].items():
