@@ -50,6 +50,14 @@ from zero_ref.gpu import kernels
 from zero_ref.optim.adamw import adamw_scalars
 
 
+def device_name() -> str:
+    """The GPU's name (numba gives bytes without NVIDIA's Python bindings)."""
+    if kernels.SIMULATOR:
+        return "simulator"
+    name = cuda.get_current_device().name
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
 def timed(fn, repeats: int) -> float:
     """Median seconds of fn() after one warm-up, each ended by a synchronize."""
     fn()
@@ -145,7 +153,7 @@ def main() -> None:
     h2d = timed(lambda: staging.to_device(staging.buffer(0, n, np.float32), grad), repeats)
     result = {
         "simulator": kernels.SIMULATOR,
-        "device": cuda.get_current_device().name if not kernels.SIMULATOR else "simulator",
+        "device": device_name(),
         "numel": n,
         "seconds": seconds,
         "gb_per_s": gbps,

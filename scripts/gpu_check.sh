@@ -12,7 +12,8 @@
 # step --check-oracle requires bitwise; 5. scripts/bench_gpu.py --train: the kernels'
 # bandwidth against a device copy's, and the default GPT trained at 4 ranks on the GPU
 # at stages 0 and 3, with and without CPU offload (step time, tokens/s, host<->device
-# bytes and time per step). What is still not built is listed in docs/gpu.md.
+# bytes and time per step); between them a save at 4 ranks, a resume at 2, an export
+# and a sample. What is still not built is listed in docs/gpu.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-gpu_check_out}
@@ -33,6 +34,13 @@ for run in "--stage 3 --precision bf16" "--stage 2 --precision fp16 --offload-op
     --steps 10 --quiet --sample-chars 0 --log-jsonl "$OUT/$name.jsonl" > "$OUT/$name.txt" 2>&1 \
     || echo "oracle check FAILED ($run): $OUT/$name.txt"
 done
+# checkpoints and the export read the device's arrays back: save at 4 ranks, resume at 2
+ck="$OUT/ckpt"
+{ mpirun -n 4 python -m zero_ref.train --device gpu --stage 3 --precision bf16 --steps 4 \
+    --quiet --sample-chars 0 --save-dir "$ck" --save-every 4 \
+  && mpirun -n 2 python -m zero_ref.train --device gpu --stage 3 --precision bf16 --steps 6 \
+    --resume "$ck" --quiet --sample-chars 20 --export "$OUT/resumed.safetensors"; } \
+  > "$OUT/checkpoint.txt" 2>&1 || echo "checkpoint/resume/export FAILED: $OUT/checkpoint.txt"
 python scripts/bench_gpu.py --train "$OUT/train" > "$OUT/bench_gpu.txt" 2>&1 \
   || echo "bench_gpu FAILED: $OUT/bench_gpu.txt"
 

@@ -19,7 +19,7 @@ os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
 
 from numba import cuda, types  # noqa: E402
 
-from zero_ref.gpu import kernels  # noqa: E402
+from zero_ref.gpu import kernels, model_kernels  # noqa: E402
 
 f32, F32 = types.float32, types.float32[::1]
 SCALARS = types.Tuple([f32, f32, types.boolean, f32, f32, f32, f32, f32, f32])
@@ -31,6 +31,10 @@ SIGNATURES = {
     ),
     "round_fp16": (kernels._cast, types.void(F32, types.float16[::1])),
     "round_bf16": (kernels._round_bf16, types.void(types.uint32[::1], types.uint16[::1])),
+    "embedding_backward": (
+        model_kernels._embedding_backward_columns,
+        types.void(types.int64[::1], types.float32[:, ::1], types.float32[:, ::1]),
+    ),
 }  # sumsq_bins and first_nonfinite are integer atomics (any order, same result); compiling
 # an atomic asks the driver for the device, which a machine without a GPU lacks
 FLOAT_OP = re.compile(r"^\s*((?:fma|mul|add|sub|div|sqrt|rsqrt|rcp|cvt|atom)[.\w]*)", re.M)

@@ -100,6 +100,25 @@ def test_16_bit_rounding_and_widening_are_their_twins(dtype, n):
     assert np.array_equal(bits(wide.copy_to_host()), bits(got.astype(np.float32)))
 
 
+@pytest.mark.parametrize("n", [0, 1, 7, 13, 257])
+@pytest.mark.parametrize("columns", [1, 5])
+def test_the_embedding_backward_kernel_is_the_cpu_kernel_bitwise(n, columns):
+    """Repeated ids (a batch of characters has them): the device kernel adds each
+    table element's rows in order, so its sums are the CPU Numba kernel's bits."""
+    from zero_ref.gpu.model_kernels import embedding_backward
+    from zero_ref.models.layers import embedding_backward as on_cpu
+
+    rng = np.random.default_rng(n)
+    ids = rng.integers(0, 4, n)  # few rows: many repeats
+    rows = (rng.standard_normal((n, columns)) * 10.0 ** rng.integers(-3, 4, (n, 1))).astype(
+        np.float32
+    )
+    want, got = np.empty((4, columns), np.float32), np.full((4, columns), np.nan, np.float32)
+    on_cpu(ids, rows, want)
+    embedding_backward(ids, rows, got)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_bench_gpu_runs_and_ends_with_json():
     """scripts/bench_gpu.py end to end (in the simulator a tiny array, flagged as such)."""
     import json
@@ -152,3 +171,5 @@ def test_on_hardware_the_float_kernels_hold_no_fma_and_only_correctly_rounded_op
         assert not [op for op in ops[name] if op.startswith(("rcp", "rsqrt"))], (name, ops[name])
     assert {"sqrt.rn.f32", "div.rn.f32", "mul.rn.f32"} <= set(ops["adamw"])
     assert "cvt.rn.f16.f32" in ops["round_fp16"]
+    embedding = [op for op in ops["embedding_backward"] if op.endswith(".f32")]
+    assert embedding == ["add.rn.f32"], embedding  # in-order adds, no atomics: deterministic

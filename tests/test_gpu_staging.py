@@ -35,7 +35,7 @@ def test_the_cuda_aware_path_is_bitwise_the_cpu_run_with_no_copies_under_mpirun(
     done = subprocess.run(
         mpirun_command(3, str(REPO / "tests" / "mpi_direct_check.py")),
         cwd=REPO,
-        env=mpi_env(),
+        env={**mpi_env(), "NUMBA_ENABLE_CUDASIM": "1"},  # the emulation, on a GPU machine too
         capture_output=True,
         text=True,
         timeout=300,

@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from zero_ref.models.array_module import array_module
+from zero_ref.array_module import array_module
 from zero_ref.models.gpt import GPT, GPTConfig
 from zero_ref.models.layers import gelu_forward, layernorm_forward
 from zero_ref.models.mlp import CharMLP, MLPConfig
@@ -52,6 +52,10 @@ def test_the_emulated_device_refuses_what_cupy_refuses():
         x + np.ones(4, np.float32)  # host array mixed in
     with pytest.raises(TypeError, match="host array"):
         np.copyto(np.empty(4, np.float32), x)  # copy out without .get()
+    with pytest.raises(ValueError, match="cannot be used for fill"):
+        x[...] = np.ones(4, np.float32)  # a host array assigned in without xp.asarray
+    with pytest.raises(TypeError, match="float64"):
+        x.get(out=np.empty(4, np.float64))  # CuPy's copies do not cast
     with pytest.raises(TypeError, match="bfloat16"):
         x.view(ml_dtypes.bfloat16)
     with pytest.raises(TypeError, match="bfloat16"):

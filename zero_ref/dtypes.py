@@ -86,6 +86,18 @@ class HostArrays:
         """The array as host code reads it (checkpoints, export, the oracle): itself."""
         return array
 
+    def module(self):
+        """The array module the arrays are computed on."""
+        return np
+
+    def copy_in(self, dst: np.ndarray, host: np.ndarray) -> None:
+        """dst[...] = host values."""
+        dst[...] = host
+
+    def fill_from_host(self, dst: np.ndarray, fill) -> None:
+        """fill(out) writes dst's values into a host array: here dst itself."""
+        fill(dst)
+
 
 HOST = HostArrays()
 

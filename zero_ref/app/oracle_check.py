@@ -27,7 +27,6 @@ from zero_ref.app.failure import CollectiveError
 from zero_ref.checkpoint.manifest import STATE_KINDS
 from zero_ref.config import ZeroConfig
 from zero_ref.layout.flat import tensor_views
-from zero_ref.models.array_module import array_module
 from zero_ref.oracle import Oracle
 from zero_ref.oracle_bound import (
     StepBound,
@@ -61,7 +60,7 @@ class OracleCheck:
         """Starts from the engine's own state: its initial parameters, or everything a
         resumed run restored (parameters, m, v, step count). A collective."""
         self.engine, self.cfg, self.model = engine, cfg, model
-        self.xp = array_module(engine.owned_slices()[0][0])  # where the model's math runs
+        self.xp = engine.place.module()  # where the engine's model math runs
         self.oracle = None  # the one full copy of the model, on rank 0 alone
         with engine.comm.ledger.off_the_books():
             state = self._state_on_root()

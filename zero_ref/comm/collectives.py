@@ -1,9 +1,9 @@
-"""Collectives over flat float32 buffers: the only module that imports mpi4py.
+"""Collectives over flat buffers; with reduction.py the only mpi4py users below train.py.
 
 Every hot-path call uses mpi4py's uppercase buffer API (no pickling). Each call
 is recorded in a CommLedger (bytes this rank really exchanges, and seconds).
 
-Sums across ranks come from a *reduction policy*:
+Sums across ranks come from a *reduction policy* (zero_ref/comm/reduction.py):
   MPIReduction      MPI's own MPI_SUM (Reduce_scatter_block, Allreduce): fast,
                     but the association of the sum is MPI's choice.
   OrderedReduction  an Alltoall of the blocks, then a local sum in rank order:
@@ -38,7 +38,7 @@ from mpi4py import MPI
 
 from zero_ref.comm import schedule
 from zero_ref.comm.ledger import CommLedger
-from zero_ref.comm.rank_order import sum_in_rank_order
+from zero_ref.comm.reduction import MPIReduction, OrderedReduction, sum_16bit_words, words_of
 from zero_ref.config import ZeroConfig
 from zero_ref.dtypes import HOST, HostArrays
 
@@ -190,14 +190,14 @@ class Comm:
         """recv (W*n,) <- every rank's send (n,), in rank order; `kind` names it in the ledger."""
         self._check(recv, send)
         self._agree("allgather", send.size, self.arrays.dtype_name(send))
-        fn = lambda: self.mpi.Allgather(_words(send), _words(recv))  # noqa: E731
+        fn = lambda: self.mpi.Allgather(words_of(send), words_of(recv))  # noqa: E731
         self._timed(kind, send.size, 1, fn, send.dtype.itemsize)
 
     def allgather_in_place(self, buf: np.ndarray) -> None:
         """buf (W*n,): block r <- rank r's block r, for every r (MPI_IN_PLACE)."""
         self._check(buf)
         self._agree("allgather", buf.size // self.size, self.arrays.dtype_name(buf))
-        fn = lambda: self.mpi.Allgather(MPI.IN_PLACE, _words(buf))  # noqa: E731
+        fn = lambda: self.mpi.Allgather(MPI.IN_PLACE, words_of(buf))  # noqa: E731
         self._timed("allgather", buf.size // self.size, 1, fn, buf.dtype.itemsize)
 
     def gather_to_root(self, send: np.ndarray, recv: np.ndarray | None, kind: str) -> None:
@@ -208,7 +208,7 @@ class Comm:
         self.arrays.sync()
         self._agree("gather", send.size, self.arrays.dtype_name(send))
         t0 = time.perf_counter()
-        self.mpi.Gather(_words(send), _words(recv) if self.rank == 0 else None, root=0)
+        self.mpi.Gather(words_of(send), words_of(recv) if self.rank == 0 else None, root=0)
         nbytes = send.nbytes
         sent, received = (0, (self.size - 1) * nbytes) if self.rank == 0 else (nbytes, 0)
         self.ledger.record(kind, sent, received, time.perf_counter() - t0)
@@ -287,68 +287,6 @@ def comm_for(mpi_comm: MPI.Comm, cfg: ZeroConfig) -> Comm:
 
         return device_comm(comm, cfg.cuda_aware_mpi)
     return comm
-
-
-class MPIReduction:
-    """Sums with MPI_SUM: fastest, association chosen by the MPI library."""
-
-    deterministic = False
-
-    def reduce_scatter(self, mpi: MPI.Comm, send, recv, arrays: HostArrays = HOST) -> None:
-        mpi.Reduce_scatter_block(send, recv, op=MPI.SUM)
-
-    def allreduce(self, mpi: MPI.Comm, buf, arrays: HostArrays = HOST) -> None:
-        mpi.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-
-    def ireduce_scatter(self, mpi: MPI.Comm, send, recv, arrays: HostArrays = HOST):
-        return mpi.Ireduce_scatter_block(send, recv, op=MPI.SUM), lambda: None
-
-
-class OrderedReduction:
-    """Sums in rank order: Alltoall the blocks, then add them up left to right."""
-
-    deterministic = True
-
-    def reduce_scatter(self, mpi: MPI.Comm, send, recv, arrays: HostArrays = HOST) -> None:
-        rows = _rows(arrays, mpi.Get_size(), recv.size, np.float32)  # row r: rank r's block
-        mpi.Alltoall(send, rows)
-        sum_in_rank_order(rows, recv)
-
-    def allreduce(self, mpi: MPI.Comm, buf, arrays: HostArrays = HOST) -> None:
-        mine = arrays.temporary(buf.size // mpi.Get_size(), np.float32)
-        self.reduce_scatter(mpi, buf, mine, arrays)
-        arrays.sync()
-        mpi.Allgather(mine, buf)
-
-    def ireduce_scatter(self, mpi: MPI.Comm, send, recv, arrays: HostArrays = HOST):
-        rows = _rows(arrays, mpi.Get_size(), recv.size, np.float32)
-        return mpi.Ialltoall(send, rows), lambda: sum_in_rank_order(rows, recv)
-
-
-def _rows(arrays: HostArrays, world: int, n: int, dtype) -> np.ndarray:
-    """A (world, n) temporary: row r receives rank r's block."""
-    return arrays.temporary(world * n, dtype).reshape(world, n)
-
-
-def sum_16bit_words(mpi: MPI.Comm, send, recv, arrays: HostArrays = HOST) -> None:
-    """recv = this rank's block of the sum over ranks of a 16-bit send: an Alltoall of
-    the 16-bit words, each row widened to float32 (exact), added in rank order, and
-    rounded once to recv's dtype. The same result in fast and deterministic mode."""
-    world, n = mpi.Get_size(), recv.size
-    words = _rows(arrays, world, n, np.uint16)  # row r: rank r's block for me
-    mpi.Alltoall(_words(send), words)
-    rows = _rows(arrays, world, n, np.float32)
-    arrays.widen_into(rows.reshape(-1), words.reshape(-1).view(send.dtype))
-    total = recv if recv.dtype == np.float32 else arrays.temporary(n, np.float32)
-    sum_in_rank_order(rows, total)
-    if total is not recv:
-        arrays.round_into(recv, total)
-
-
-def _words(buf: np.ndarray) -> np.ndarray:
-    """What MPI is handed: float32 as it is, 16-bit floats as uint16 words (mpi4py has
-    no bfloat16 type, and only moving them, never adding, needs no float type)."""
-    return buf.view(np.uint16) if buf.dtype.itemsize == 2 else buf
 
 
 def _check_blocks(

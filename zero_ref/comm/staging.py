@@ -25,44 +25,9 @@ from collections.abc import Callable
 import numpy as np
 
 from zero_ref.comm.collectives import Comm
-from zero_ref.dtypes import dtype_of
-from zero_ref.gpu.device import stored_dtype_name
+from zero_ref.gpu.copies import copy_in, copy_out, host_dtype
 
 HostEmpty = Callable[[int, np.dtype], np.ndarray]  # np.empty, or numba.cuda.pinned_array
-
-
-def copy_out(device, host: np.ndarray) -> None:
-    """host <- device: a numba device array, a CuPy array, or (numba-cuda's simulator)
-    the NumPy view of a simulated one. A bf16 device array (uint16 bits: CuPy has no
-    bfloat16) lands in a bfloat16 host array as the same bits."""
-    host = _same_storage(host, device)
-    if type(device) is np.ndarray:
-        np.copyto(host, device)
-    elif hasattr(device, "copy_to_host"):  # numba
-        device.copy_to_host(host)
-    else:  # CuPy (or tests' emulated device arrays)
-        device.get(out=host)
-
-
-def copy_in(host: np.ndarray, device) -> None:
-    """device <- host (same length; bf16 as copy_out says)."""
-    host = _same_storage(host, device)
-    if type(device) is np.ndarray:
-        np.copyto(device, host)
-    elif hasattr(device, "copy_to_device"):  # numba
-        device.copy_to_device(host)
-    else:  # CuPy (or tests' emulated device arrays)
-        device.set(host)
-
-
-def host_dtype(device) -> np.dtype:
-    """The dtype a host copy of `device` has: bfloat16 for a GPU's uint16 bf16 bits."""
-    return np.dtype(dtype_of("bf16") if stored_dtype_name(device) == "bfloat16" else device.dtype)
-
-
-def _same_storage(host: np.ndarray, device) -> np.ndarray:
-    """host seen with device's storage dtype (bfloat16 as uint16 when the device's is)."""
-    return host.view(device.dtype) if host.dtype != device.dtype else host
 
 
 class HostStaging:
@@ -215,7 +180,7 @@ def device_comm(comm: Comm, cuda_aware_mpi: str) -> Comm | StagedComm:
     path = choose_path(cuda_aware_mpi, library_says_cuda_aware())
     if not path.cuda_aware:
         return StagedComm(comm, cuda.pinned_array, path.describe())
-    where = lambda: f"rank {comm.rank}, a collective of step {comm.step}"  # noqa: E731
-    direct = Comm(comm.mpi, comm.reduction, comm.check_schedule, arrays=DeviceArrays(where))
+    direct = Comm(comm.mpi, comm.reduction, comm.check_schedule)
+    direct.arrays = DeviceArrays(lambda: f"rank {direct.rank}, step {direct.step}")
     direct.path = path.describe()
     return direct

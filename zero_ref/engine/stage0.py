@@ -126,9 +126,14 @@ class Stage0DataParallel:
         """Parameters from the source (creation, or resuming): the float32 values go
         to the master weights, rounded once into the 16-bit parameters."""
         for unit in self.layout.units:
-            source.fill_unit(unit, self.master[unit.full_slice()], 0, unit.padded_numel)
+            self._fill(source, unit, self.master[unit.full_slice()], 0, unit.padded_numel)
         if self.master is not self.full_params:
             self.place.round_into(self.full_params, self.master)
+
+    def _fill(self, source: InitSource, unit: UnitLayout, dst, lo: int, hi: int) -> None:
+        """dst <- elements [lo, hi) of `unit` from the source, which writes host memory
+        (a device's array is filled through a host buffer by the placement)."""
+        self.place.fill_from_host(dst, lambda out: source.fill_unit(unit, out, lo, hi))
 
     def _init_compute_scratch(self) -> None:
         """With 16-bit parameters: one unit's float32 widened copy, which the model reads."""
@@ -504,10 +509,10 @@ class Stage0DataParallel:
             whole, shard = self._state_buffers(kind)
             for unit in self.layout.units:
                 if whole is not None:
-                    source.fill_unit(unit, whole[unit.full_slice()], 0, unit.padded_numel)
+                    self._fill(source, unit, whole[unit.full_slice()], 0, unit.padded_numel)
                 else:
                     lo = self.rank * unit.shard_numel
-                    source.fill_unit(unit, shard[unit.shard_slice()], lo, lo + unit.shard_numel)
+                    self._fill(source, unit, shard[unit.shard_slice()], lo, lo + unit.shard_numel)
                     self.release_pages(shard[unit.shard_slice()])
         self.release_offloaded()
 

@@ -34,12 +34,12 @@ class Stage1OptimizerSharded(Stage0DataParallel):
         for unit in self.layout.units:
             full = self.full_params[unit.full_slice()]
             if self.master is self.full_params:
-                source.fill_unit(unit, full, 0, unit.padded_numel)
+                self._fill(source, unit, full, 0, unit.padded_numel)
                 continue
             whole = np.empty(unit.padded_numel, np.float32)  # one unit, for a moment
             source.fill_unit(unit, whole, 0, unit.padded_numel)
             self.place.round_into(full, whole)
-            self.master[unit.shard_slice()] = rank_rows(whole, unit)[self.rank]
+            self.place.copy_in(self.master[unit.shard_slice()], rank_rows(whole, unit)[self.rank])
             self.release_pages(self.master[unit.shard_slice()])
 
     def _init_grads(self) -> None:

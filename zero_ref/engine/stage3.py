@@ -45,7 +45,7 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
         parameters; an offloaded slice leaves RAM before the next unit is filled."""
         for unit in self.layout.units:
             lo, mine = self.rank * unit.shard_numel, unit.shard_slice()
-            source.fill_unit(unit, self.master[mine], lo, lo + unit.shard_numel)
+            self._fill(source, unit, self.master[mine], lo, lo + unit.shard_numel)
             if self.master is not self.shard_params:
                 self.place.round_into(self.shard_params[mine], self.master[mine])
                 self.release_pages(self.shard_params[mine])

@@ -19,8 +19,8 @@ from __future__ import annotations
 import time
 
 from zero_ref.comm.ledger import CommLedger
-from zero_ref.comm.staging import copy_in, copy_out, host_dtype
 from zero_ref.engine.compute import HostCompute
+from zero_ref.gpu.copies import copy_in, copy_out, host_dtype
 
 
 class CpuOffloadCompute(HostCompute):

@@ -101,16 +101,10 @@ def select_device(cp) -> str:  # pragma: no cover - needs a GPU
     return f"GPU {index} of {count} on this host ({name}), CuPy {cp.__version__}"
 
 
-def module_of(array):
-    """The array module that computes on `array` (CuPy's on a GPU)."""
-    from zero_ref.models.array_module import array_module
-
-    return array_module(array)
-
-
 def stored_dtype_name(array) -> str:
     """What a device array's elements are: its dtype's name, except that uint16 is
-    bfloat16's bits (CuPy has no bfloat16; the engine holds no other uint16 arrays)."""
+    bfloat16's bits (CuPy has no bfloat16). The engine's only other uint16 arrays are
+    the 16-bit sums' word buffers, which are moved and viewed, never converted."""
     return "bfloat16" if array.dtype == np.uint16 else np.dtype(array.dtype).name
 
 

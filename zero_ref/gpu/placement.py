@@ -15,9 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from zero_ref.engine.memory import MemoryLedger
-from zero_ref.gpu import device
 from zero_ref.gpu.arrays import DeviceArrays
-from zero_ref.gpu.device import Where, check_usable, device_array
+from zero_ref.gpu.device import Where, check_usable
 
 
 class DevicePlacement(DeviceArrays):
@@ -30,12 +29,7 @@ class DevicePlacement(DeviceArrays):
 
     def empty(self, category: str, name: str, numel: int, dtype: np.dtype = np.float32):
         """A new 1-D device array whose contents the caller fills before reading."""
-        dtype = np.dtype(dtype)
-        storage = np.uint16 if dtype.name == "bfloat16" else dtype  # numba has no bfloat16
-        what = f"{category} array {name}"
-        array = device.as_array(device_array(numel, storage, what, self.where))
-        if type(array) is np.ndarray:  # the simulator's NumPy view: bfloat16 again
-            array = array.view(dtype)
+        array = self._new(numel, dtype, f"{category} array {name}")
         return self.ledger.hold_on_device(category, name, array)
 
     def zeros(self, category: str, name: str, numel: int, dtype: np.dtype = np.float32):

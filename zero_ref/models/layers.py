@@ -5,7 +5,7 @@ in the finite-difference checks). Shape comments: B batch, T time, C channels,
 N = B * T rows. Where the fast version is not the textbook formula (a
 rearranged formula, or a Numba kernel), the textbook NumPy version sits beside
 it as a `*_reference` twin with the same signature, and the tests compare them
-element by element. Given device arrays (the GPU path, zero_ref/models/array_module.py)
+element by element. Given device arrays (the GPU path, zero_ref/array_module.py)
 a function runs its twin in the arrays' module instead of the Numba kernel.
 
 The Numba kernels here run on one thread and loop over rows in order, so
@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-from zero_ref.models.array_module import array_module, on_host
+from zero_ref.array_module import array_module, on_host
 
 LN_EPS = 1e-5
 _GELU_C = math.sqrt(2.0 / math.pi)  # GPT-2's tanh approximation of x * Phi(x)
@@ -52,7 +52,7 @@ def linear_backward(
     dy2 = dy.reshape(-1, dy.shape[-1])  # (N, C_out)
     matmul_into(x2.T, dy2, dw)
     if db is not None:
-        sum_rows_into(dy2, db)  # down the rows of a 2-D array: a plain vector add loop
+        sum_rows_into(dy2, db)  # down the rows (NumPy: a plain vector add loop)
     return (dy2 @ w.T).reshape(x.shape)
 
 
@@ -83,8 +83,12 @@ def embedding_backward(ids: np.ndarray, dout: np.ndarray, dtable: np.ndarray) ->
     The kernel does no bounds checks: the forward lookup has already indexed
     the table with these ids.
     """
-    if not on_host(array_module(dtable)):
-        return embedding_backward_reference(ids, dout, dtable)
+    xp = array_module(dtable)
+    if not on_host(xp):  # on a device: the twin's additions in order, not add.at's atomics
+        from zero_ref.gpu.model_kernels import embedding_backward as on_device
+
+        rows = xp.ascontiguousarray(dout).reshape(-1, dout.shape[-1])
+        return on_device(xp.asarray(ids).reshape(-1), rows, dtable)
     rows = np.ascontiguousarray(dout).reshape(-1, dout.shape[-1])  # (N, C)
     _embedding_backward_kernel(ids.reshape(-1), rows, dtable)
     return None

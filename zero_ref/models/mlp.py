@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from zero_ref.array_module import array_module
 from zero_ref.models import layers
-from zero_ref.models.array_module import array_module
 from zero_ref.models.unit import ParamSpec
 
 

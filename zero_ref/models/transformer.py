@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-from zero_ref.models.array_module import array_module, on_host
+from zero_ref.array_module import array_module, on_host
 from zero_ref.models.layers import (
     gelu_backward,
     gelu_forward,

@@ -7,8 +7,11 @@ and the model see CuPy arrays, which refuse that. `DeviceArray` is a NumPy
 array that refuses the same things CuPy does, so a test catches them here:
 
   - mixing a host array (numpy.ndarray) into an operation on device arrays
-    (CuPy: "Unsupported type <class 'numpy.ndarray'>"); host data must be
-    copied in with `xp.asarray` and out with `.get()` / `xp.asnumpy`;
+    (CuPy: "Unsupported type <class 'numpy.ndarray'>"), or assigning one into
+    a device array (CuPy: "non-scalar numpy.ndarray cannot be used for fill");
+    host data must be copied in with `xp.asarray` / `.set()` and out with
+    `.get()` / `xp.asnumpy`, of the same dtype and shape, into contiguous
+    arrays (CuPy's get and set check all three);
   - `numpy.copyto` and friends between host and device (CuPy: `.get(out=)`,
     `.set()`);
   - a bfloat16 device array (CuPy has no bfloat16: the engine stores its bits
@@ -19,9 +22,9 @@ NumPy's functions, with results on the "device". The arithmetic is NumPy's, so
 results equal a NumPy run of the same formulas; what the emulation proves is
 that the code would hand CuPy only what CuPy takes.
 
-What it cannot catch: a DeviceArray is a NumPy array, so `numpy.asarray` of it,
-or a Numba CPU kernel given it, reads it silently where CuPy would raise or a
-GPU would crash. (Numba types ndarray subclasses through a cache keyed by
+What it cannot catch: a DeviceArray is a NumPy array, so `numpy.asarray` or
+`memoryview` of it, or a Numba CPU kernel given it, reads it silently where
+CuPy would raise or a GPU would crash. (Numba types ndarray subclasses through a cache keyed by
 shape and dtype, so a typeof hook refusing them is not reliable.) A kernel run
 on device arrays would still be caught one step later: its output is a host
 array, and the next operation mixing it with device arrays raises.
@@ -58,19 +61,36 @@ class DeviceArray(np.ndarray):
         result = func(*_host_view(args), **_host_view(kwargs))
         return _to_device(result)
 
+    def __setitem__(self, index, value) -> None:
+        if isinstance(value, np.ndarray) and not isinstance(value, DeviceArray) and value.ndim:
+            raise ValueError("non-scalar numpy.ndarray cannot be used for fill (CuPy)")
+        with np.errstate(all="ignore"):  # a GPU's casts do not warn either
+            super().__setitem__(index, value)
+
     def get(self, out: np.ndarray | None = None) -> np.ndarray:
-        """A host copy (CuPy's .get), into `out` when given."""
+        """A host copy (CuPy's .get), into `out` when given: same dtype and shape."""
         host = self.view(np.ndarray)
         if out is None:
             return host.copy()
+        _same_layout("get", out, self)
         np.copyto(out, host)
         return out
 
     def set(self, host: np.ndarray) -> None:
-        """self <- host (CuPy's .set)."""
+        """self <- host (CuPy's .set): same dtype and shape, self contiguous."""
         if type(host) is not np.ndarray:
             raise TypeError(f"DeviceArray.set takes a host array, not {type(host).__name__}")
+        _same_layout("set", host, self)
         np.copyto(self.view(np.ndarray), host)
+
+
+def _same_layout(what: str, host: np.ndarray, device: DeviceArray) -> None:
+    """CuPy's get(out=) and set() copy bytes: the dtypes and shapes must agree and both
+    sides be contiguous (CuPy: TypeError, ValueError, RuntimeError)."""
+    if host.dtype != device.dtype or host.shape != device.shape:
+        raise TypeError(f"{what}: {host.dtype}{host.shape} vs device {device.dtype}{device.shape}")
+    if not (host.flags.c_contiguous and device.flags.c_contiguous):
+        raise RuntimeError(f"{what}: CuPy copies between contiguous arrays only")
 
 
 def _refuse_bfloat16(array):

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from zero_ref.array_module import array_module
 from zero_ref.models.unit import ParamSpec
 
 
@@ -43,7 +44,8 @@ class ReplayUnit:
         """dout is the loss's float32 gradient, 1 times the loss scale (fp16): the
         replayed gradient is multiplied by it, as a real backward's would be."""
         for spec in self.specs:
-            grads[spec.name][...] = replay_gradient(cache, self.index, spec) * dout
+            grad = grads[spec.name]  # on the device with --device gpu: the values copied in
+            grad[...] = array_module(grad).asarray(replay_gradient(cache, self.index, spec) * dout)
         return dout
 
 

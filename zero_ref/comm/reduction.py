@@ -1,0 +1,84 @@
+"""How a sum over ranks is made: the reduction policies, and 16-bit sums.
+
+  MPIReduction      MPI's own MPI_SUM (Reduce_scatter_block, Allreduce): fast,
+                    but the association of the sum is MPI's choice.
+  OrderedReduction  an Alltoall of the blocks, then a local sum in rank order:
+                    the same bytes on the wire as a ring reduce-scatter, and
+                    the result bitwise equal to the oracle's rank-order sum.
+  sum_16bit_words   16-bit values (no MPI type for bfloat16): an Alltoall of the
+                    words, widened to float32, added in rank order, rounded once.
+
+Each takes the `arrays` of its Comm (zero_ref/dtypes.py HostArrays, or the GPU
+path's DeviceArrays): where its temporaries live and how 16 bits are converted.
+zero_ref/comm/collectives.py's Comm is the only caller.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from zero_ref.comm.rank_order import sum_in_rank_order
+from zero_ref.dtypes import HOST, HostArrays
+
+
+class MPIReduction:
+    """Sums with MPI_SUM: fastest, association chosen by the MPI library."""
+
+    deterministic = False
+
+    def reduce_scatter(self, mpi: MPI.Comm, send, recv, arrays: HostArrays = HOST) -> None:
+        mpi.Reduce_scatter_block(send, recv, op=MPI.SUM)
+
+    def allreduce(self, mpi: MPI.Comm, buf, arrays: HostArrays = HOST) -> None:
+        mpi.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+
+    def ireduce_scatter(self, mpi: MPI.Comm, send, recv, arrays: HostArrays = HOST):
+        return mpi.Ireduce_scatter_block(send, recv, op=MPI.SUM), lambda: None
+
+
+class OrderedReduction:
+    """Sums in rank order: Alltoall the blocks, then add them up left to right."""
+
+    deterministic = True
+
+    def reduce_scatter(self, mpi: MPI.Comm, send, recv, arrays: HostArrays = HOST) -> None:
+        rows = _rows(arrays, mpi.Get_size(), recv.size, np.float32)  # row r: rank r's block
+        mpi.Alltoall(send, rows)
+        sum_in_rank_order(rows, recv)
+
+    def allreduce(self, mpi: MPI.Comm, buf, arrays: HostArrays = HOST) -> None:
+        mine = arrays.temporary(buf.size // mpi.Get_size(), np.float32)
+        self.reduce_scatter(mpi, buf, mine, arrays)
+        arrays.sync()
+        mpi.Allgather(mine, buf)
+
+    def ireduce_scatter(self, mpi: MPI.Comm, send, recv, arrays: HostArrays = HOST):
+        rows = _rows(arrays, mpi.Get_size(), recv.size, np.float32)
+        return mpi.Ialltoall(send, rows), lambda: sum_in_rank_order(rows, recv)
+
+
+def _rows(arrays: HostArrays, world: int, n: int, dtype) -> np.ndarray:
+    """A (world, n) temporary: row r receives rank r's block."""
+    return arrays.temporary(world * n, dtype).reshape(world, n)
+
+
+def sum_16bit_words(mpi: MPI.Comm, send, recv, arrays: HostArrays = HOST) -> None:
+    """recv = this rank's block of the sum over ranks of a 16-bit send: an Alltoall of
+    the 16-bit words, each row widened to float32 (exact), added in rank order, and
+    rounded once to recv's dtype. The same result in fast and deterministic mode."""
+    world, n = mpi.Get_size(), recv.size
+    words = _rows(arrays, world, n, np.uint16)  # row r: rank r's block for me
+    mpi.Alltoall(words_of(send), words)
+    rows = _rows(arrays, world, n, np.float32)
+    arrays.widen_into(rows.reshape(-1), words.reshape(-1).view(send.dtype))
+    total = recv if recv.dtype == np.float32 else arrays.temporary(n, np.float32)
+    sum_in_rank_order(rows, total)
+    if total is not recv:
+        arrays.round_into(recv, total)
+
+
+def words_of(buf: np.ndarray) -> np.ndarray:
+    """What MPI is handed: float32 as it is, 16-bit floats as uint16 words (mpi4py has
+    no bfloat16 type, and only moving them, never adding, needs no float type)."""
+    return buf.view(np.uint16) if buf.dtype.itemsize == 2 else buf
