@@ -257,7 +257,7 @@ def test_the_command_line_run_on_cupy_like_arrays_is_bitwise_its_oracle(
 ):
     """python -m zero_ref.train --device gpu end to end on CuPy-like arrays: the oracle
     runs the model's math in the device's module too, so --check-oracle is bitwise;
-    checkpoint and export read the device arrays back."""
+    checkpoint and export read the device arrays back, a resume writes them."""
     from zero_ref.train import main
 
     monkeypatch.chdir(tmp_path)
@@ -268,6 +268,8 @@ def test_the_command_line_run_on_cupy_like_arrays_is_bitwise_its_oracle(
     assert main(args.split()) == 0
     assert (tmp_path / "out.safetensors").stat().st_size > 0
     assert any((tmp_path / "ck").glob("step_*"))
+    resumed = args.replace("--steps 1", "--steps 2").replace("--save-every 1", "--resume ck")
+    assert main(resumed.split()) == 0  # the checkpoint's bytes copied into device arrays
 
 
 @pytest.mark.parametrize("stage", [0, 3])
