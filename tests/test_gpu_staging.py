@@ -30,8 +30,8 @@ def test_staged_collectives_are_bitwise_the_host_ones_under_mpirun():
 
 def test_the_cuda_aware_path_is_bitwise_the_cpu_run_with_no_copies_under_mpirun():
     """tests/mpi_direct_check.py on 3 ranks: device arrays (as strict as CuPy's) handed
-    to MPI directly, as a CUDA-aware MPI takes them: stages 0-3 in fp32, bf16 and fp16
-    bitwise the CPU engine, the same network bytes, no host<->device copy."""
+    to MPI directly, as a CUDA-aware MPI takes them: every stage, fp32, bf16 and fp16
+    (its CASES), bitwise the CPU engine, the same network bytes, no host<->device copy."""
     done = subprocess.run(
         mpirun_command(3, str(REPO / "tests" / "mpi_direct_check.py")),
         cwd=REPO,
