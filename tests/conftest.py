@@ -45,3 +45,13 @@ def mpi_comm(request):
     dup = MPI.COMM_WORLD.Dup()
     yield dup
     dup.Free()
+
+
+@pytest.fixture(scope="module")
+def tiny_corpus(tmp_path_factory) -> str:
+    """A text file of tests/tiny_gpt.py's TEXT repeated, for --data."""
+    from tests.tiny_gpt import TEXT
+
+    path = tmp_path_factory.mktemp("data") / "text.txt"
+    path.write_text(TEXT * 20)
+    return str(path)

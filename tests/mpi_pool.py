@@ -55,6 +55,21 @@ def mpi_env() -> dict[str, str]:
     return env
 
 
+def run_mpi_checks(script: str, world: int, timeout: int = 300, **env: str) -> None:
+    """tests/<script> (built on tests/mpi_checks.py's run_checks) on `world` ranks: fails
+    with the job's output unless rank 0 says every check passed. env: extra variables."""
+    done = subprocess.run(
+        mpirun_command(world, str(REPO / "tests" / script)),
+        cwd=REPO,
+        env={**mpi_env(), **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert f"all checks passed on {world} ranks" in done.stdout, done.stdout[-4000:]
+
+
 class LineReader:
     """The lines of a child's pipes, read by one thread per pipe into a queue, so the
     caller can wait for the next line with a timeout. (select() on a buffered text

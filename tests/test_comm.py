@@ -4,13 +4,11 @@ pass at any world size), then the same on three real ranks under mpirun."""
 
 from __future__ import annotations
 
-import subprocess
-
 import numpy as np
 import pytest
 from mpi4py import MPI
 
-from tests.mpi_pool import REPO, mpi_env, mpirun_command
+from tests.mpi_pool import run_mpi_checks
 from zero_ref.comm.collectives import Comm, Handle, MPIReduction, OrderedReduction, comm_for
 from zero_ref.comm.ledger import CommLedger
 from zero_ref.config import ZeroConfig
@@ -285,17 +283,7 @@ def test_float64_send_block_of_allgather_raises():
 def test_three_ranks_under_mpirun():
     """tests/mpi_comm_check.py: rank-order sums with cancelling values (1e8, 1, -1e8),
     MPI_SUM within rounding, gathers, float64 exchanges and ledger bytes."""
-    script = REPO / "tests" / "mpi_comm_check.py"
-    done = subprocess.run(
-        mpirun_command(3, str(script)),
-        cwd=REPO,
-        env=mpi_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    assert "all checks passed on 3 ranks" in done.stdout
+    run_mpi_checks("mpi_comm_check.py", 3, timeout=120)
 
 
 # ---- one determinism switch: the config's

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
-from tests.mpi_pool import REPO, mpi_env, mpirun_command
+from tests.mpi_pool import run_mpi_checks
 from zero_ref.gpu.mpi_support import CudaAwareMPIError, choose_path, library_says_cuda_aware
 
 pytestmark = pytest.mark.gpu
@@ -16,32 +14,14 @@ def test_staged_collectives_are_bitwise_the_host_ones_under_mpirun():
     """tests/mpi_staging_check.py on 3 ranks: allreduce, reduce-scatter, allgather (also
     in place) of float32 and bf16 device arrays, rank-order and MPI sums: bitwise the
     host Comm's, the same network bytes, and the host<->device copies counted apart."""
-    done = subprocess.run(
-        mpirun_command(3, str(REPO / "tests" / "mpi_staging_check.py")),
-        cwd=REPO,
-        env=mpi_env(),  # the simulator in CI (tests/conftest.py), the GPU in gpu_check.sh
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    assert "all checks passed on 3 ranks" in done.stdout
+    run_mpi_checks("mpi_staging_check.py", 3)  # the simulator in CI, the GPU in gpu_check.sh
 
 
 def test_the_cuda_aware_path_is_bitwise_the_cpu_run_with_no_copies_under_mpirun():
     """tests/mpi_direct_check.py on 3 ranks: device arrays (as strict as CuPy's) handed
     to MPI directly, as a CUDA-aware MPI takes them: every stage, fp32, bf16 and fp16
     (its CASES), bitwise the CPU engine, the same network bytes, no host<->device copy."""
-    done = subprocess.run(
-        mpirun_command(3, str(REPO / "tests" / "mpi_direct_check.py")),
-        cwd=REPO,
-        env={**mpi_env(), "NUMBA_ENABLE_CUDASIM": "1"},  # the emulation, on a GPU machine too
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    assert "all checks passed on 3 ranks" in done.stdout
+    run_mpi_checks("mpi_direct_check.py", 3, NUMBA_ENABLE_CUDASIM="1")  # on a GPU too
 
 
 def test_the_pypi_mpich_says_it_is_not_cuda_aware():

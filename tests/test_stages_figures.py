@@ -10,20 +10,9 @@ import json
 import pytest
 
 from tests.mpi_pool import REPO, mpi_env, mpirun_command, run_watched
+from tests.tiny_gpt import TINY_GPT
 
 SCRIPTS = REPO / "scripts"
-TEXT = "Whan that Aprille with his shoures soote the droghte of March hath perced to the roote.\n"
-TINY_GPT = [
-    *("--model", "gpt", "--n-layer", "1", "--n-head", "2", "--d-model", "8"),
-    *("--context", "6", "--batch-size", "4", "--sample-chars", "0", "--quiet"),
-]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "text.txt"
-    path.write_text(TEXT * 20)
-    return str(path)
 
 
 @pytest.fixture
@@ -54,13 +43,13 @@ def drawn(scripts, specs: list[str], out, order: bool = False) -> dict:
     return summary
 
 
-def test_precision_figure_shows_a_skipped_fp16_step(scripts, corpus, tmp_path):
+def test_precision_figure_shows_a_skipped_fp16_step(scripts, tiny_corpus, tmp_path):
     """fp16 at 2^40: every step overflows and is skipped. The figure says so from the
     log beside the trace, and its skipped step has the NaN/Inf search and no
     all-gather (nothing was updated); the bytes it shows are the ledger's."""
     trace = tmp_path / "trace_fp16.json"
     job(
-        2, "-m", "zero_ref.train", *TINY_GPT, "--data", corpus, "--stage", "2",
+        2, "-m", "zero_ref.train", *TINY_GPT, "--data", tiny_corpus, "--stage", "2",
         "--precision", "fp16", "--initial-scale-power", "40", "--steps", "2",
         "--trace", str(trace), "--log-jsonl", str(tmp_path / "trace_fp16.jsonl"),
     )  # fmt: skip
@@ -81,7 +70,7 @@ def test_precision_figure_shows_a_skipped_fp16_step(scripts, corpus, tmp_path):
     assert sent == {kind: v["sent_bytes"] for kind, v in ledger.items()}
 
 
-def test_offload_figure_shows_every_swap_read_and_write(scripts, corpus, tmp_path):
+def test_offload_figure_shows_every_swap_read_and_write(scripts, tiny_corpus, tmp_path):
     """The trainer's --trace of an offloaded run: the swap lanes of the last step hold
     exactly the bytes the swap files moved in a step (their own count, on the trace),
     which are master, m and v (12 bytes each): the ledger's optimizer bytes on disk,
@@ -89,7 +78,7 @@ def test_offload_figure_shows_every_swap_read_and_write(scripts, corpus, tmp_pat
     (tmp_path / "nvme").mkdir()
     trace, log = tmp_path / "trace_offload.json", tmp_path / "trace_offload.jsonl"
     job(
-        2, "-m", "zero_ref.train", *TINY_GPT, "--data", corpus, "--stage", "3",
+        2, "-m", "zero_ref.train", *TINY_GPT, "--data", tiny_corpus, "--stage", "3",
         "--precision", "bf16", "--steps", "2", "--offload-optimizer", "nvme",
         "--offload-param", "nvme", "--nvme-path", str(tmp_path / "nvme"),
         "--sub-group-size", "100", "--trace", str(trace), "--log-jsonl", str(log),
@@ -108,12 +97,12 @@ def test_offload_figure_shows_every_swap_read_and_write(scripts, corpus, tmp_pat
     assert summary["trace_offload:last:optimizer"]["swap"] == swap
 
 
-def test_checkpoint_figure_shows_each_new_rank_reading_its_slices(scripts, corpus, tmp_path):
+def test_checkpoint_figure_shows_each_new_rank_reading_its_slices(scripts, tiny_corpus, tmp_path):
     """Saved by 2 ranks, resumed by 3 at stage 3 (--resume --trace): each unit's real
     elements are read exactly once per kind over the new ranks, from the old rank
     whose slice holds them."""
     ckpt, reads = tmp_path / "ckpt", tmp_path / "resume_stage3.json"
-    flags = [*TINY_GPT, "--data", corpus, "--stage", "3"]
+    flags = [*TINY_GPT, "--data", tiny_corpus, "--stage", "3"]
     job(2, "-m", "zero_ref.train", *flags, "--steps", "1", "--save-dir", str(ckpt))
     resume = ["--resume", str(ckpt), "--batch-size", "3", "--steps", "2", "--trace", str(reads)]
     job(3, "-m", "zero_ref.train", *flags, *resume)
@@ -136,14 +125,14 @@ def test_checkpoint_figure_shows_each_new_rank_reading_its_slices(scripts, corpu
             assert all(rank == start // unit["shard_numel"] for start, _, rank in got)
 
 
-def test_gpu_figure_keeps_copies_apart_from_network_bytes(scripts, corpus, tmp_path):
+def test_gpu_figure_keeps_copies_apart_from_network_bytes(scripts, tiny_corpus, tmp_path):
     """--device gpu --offload-optimizer cpu in numba-cuda's simulator: the copies lane
     holds the staging copies and ZeRO-Offload's 2 Psi / N bytes each way, as the
     ledger counts them; the collectives' bytes are the network's alone."""
     trace, log = tmp_path / "trace_gpu_offload.json", tmp_path / "trace_gpu_offload.jsonl"
     env = dict(mpi_env(), NUMBA_ENABLE_CUDASIM="1")  # the simulator, even beside a GPU
     job(
-        2, "-m", "zero_ref.train", *TINY_GPT, "--data", corpus, "--stage", "2",
+        2, "-m", "zero_ref.train", *TINY_GPT, "--data", tiny_corpus, "--stage", "2",
         "--precision", "bf16", "--device", "gpu", "--offload-optimizer", "cpu",
         "--steps", "2", "--trace", str(trace), "--log-jsonl", str(log), env=env,
     )  # fmt: skip

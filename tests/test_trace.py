@@ -8,22 +8,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from tests.mpi_pool import mpirun_command, run_watched
-
-TEXT = "Whan that Aprille with his shoures soote the droghte of March hath perced to the roote.\n"
-TINY_GPT = [
-    *("--model", "gpt", "--n-layer", "1", "--n-head", "2", "--d-model", "8"),
-    *("--context", "6", "--batch-size", "4", "--sample-chars", "0", "--quiet"),
-]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "text.txt"
-    path.write_text(TEXT * 20)
-    return str(path)
+from tests.tiny_gpt import TINY_GPT
 
 
 def train(world: int, *flags: str) -> None:
@@ -52,13 +38,13 @@ def final_record(log) -> dict:
     return json.loads(log.read_text().splitlines()[-1])
 
 
-def test_trace_holds_every_ranks_units_collectives_and_update(corpus, tmp_path):
+def test_trace_holds_every_ranks_units_collectives_and_update(tiny_corpus, tmp_path):
     """One file from rank 0 with, per rank, each unit's forward and backward, each
     collective with its bytes, the optimizer step (named after the run's step) and the
     ledger's bytes per step; the collectives' bytes are the ledger's."""
     trace, log = tmp_path / "run.json", tmp_path / "run.jsonl"
     train(
-        2, *TINY_GPT, "--stage", "3", "--steps", "2", "--data", corpus,
+        2, *TINY_GPT, "--stage", "3", "--steps", "2", "--data", tiny_corpus,
         "--trace", str(trace), "--log-jsonl", str(log),
     )  # fmt: skip
     events = json.loads(trace.read_text())["traceEvents"]
@@ -79,7 +65,7 @@ def test_trace_holds_every_ranks_units_collectives_and_update(corpus, tmp_path):
     assert sum(e["args"]["sent_bytes"] for e in gathers) == sent
 
 
-def test_trace_of_an_offloaded_run_holds_every_swap_read_and_write(corpus, tmp_path):
+def test_trace_of_an_offloaded_run_holds_every_swap_read_and_write(tiny_corpus, tmp_path):
     """--offload-optimizer nvme: in each step, the swap reads and writes on the trace add
     up to what the swap files themselves counted moving (the "swap file bytes" counter,
     after each update), which is the shard's master, m and v: the ledger's optimizer
@@ -87,7 +73,7 @@ def test_trace_of_an_offloaded_run_holds_every_swap_read_and_write(corpus, tmp_p
     (tmp_path / "nvme").mkdir()
     trace, log = tmp_path / "offload.json", tmp_path / "offload.jsonl"
     train(
-        2, *TINY_GPT, "--data", corpus, "--stage", "3", "--precision", "bf16",
+        2, *TINY_GPT, "--data", tiny_corpus, "--stage", "3", "--precision", "bf16",
         "--steps", "2", "--offload-optimizer", "nvme", "--offload-param", "nvme",
         "--nvme-path", str(tmp_path / "nvme"), "--sub-group-size", "100",
         "--trace", str(trace), "--log-jsonl", str(log),
@@ -115,12 +101,12 @@ def test_trace_of_an_offloaded_run_holds_every_swap_read_and_write(corpus, tmp_p
             assert groups["swap reads"] == list(range(-(-shard_numel // 100)))
 
 
-def test_trace_of_a_save_and_of_a_resume_holds_the_checkpoint_files(corpus, tmp_path):
+def test_trace_of_a_save_and_of_a_resume_holds_the_checkpoint_files(tiny_corpus, tmp_path):
     """--save-dir: each rank's file written with its bytes, rank 0's manifest; --resume
     on 3 ranks at stage 3: the checkpoint it read, each file checked once over the
     ranks, and each element of param, m and v read once over the new ranks."""
     ckpt, saving, resuming = tmp_path / "ckpt", tmp_path / "save.json", tmp_path / "resume.json"
-    flags = [*TINY_GPT, "--data", corpus, "--stage", "3"]
+    flags = [*TINY_GPT, "--data", tiny_corpus, "--stage", "3"]
     train(2, *flags, "--steps", "1", "--save-dir", str(ckpt), "--trace", str(saving))
     manifest = json.loads((ckpt / "step_000001" / "manifest.json").read_text())
     for rank, entry in enumerate(manifest["files"]):
