@@ -18,6 +18,7 @@ from zero_ref.engine.init_source import RandomInit
 from zero_ref.estimate import (
     activation_bytes,
     check_fits,
+    estimate_for,
     estimate_rank,
     main,
     mem_available_bytes,
@@ -191,3 +192,38 @@ def test_cli_bad_flag_is_one_error(capsys):
 def test_checkpointing_keeps_a_fraction_of_the_activations():
     kept = traced_peak_of_one_micro_step(GPT_DEEP, 2, 3, checkpoint=True)
     assert kept < 0.5 * traced_peak_of_one_micro_step(GPT_DEEP, 2, 3)
+
+
+OFFLOADED = [  # (stage, flags): the optimizer on NVMe, at stage 3 the parameters too
+    (1, []),
+    (2, []),
+    (3, []),
+    (3, ["--offload-param", "nvme"]),
+    (3, ["--offload-param", "nvme", "--precision", "bf16"]),
+    (2, ["--precision", "fp16", "--grad-accum", "3", "--batch-size", "3"]),
+    (3, ["--offload-param", "nvme", "--grad-accum", "3", "--batch-size", "3"]),
+]
+
+
+@pytest.mark.parametrize("stage, flags", OFFLOADED)
+def test_offloaded_estimate_equals_the_ledger_in_ram(tmp_path, corpus, stage, flags):
+    """With --offload-optimizer nvme (and --offload-param nvme) the estimate counts in
+    RAM what the ledger holds in RAM, category by category: the offloaded optimizer
+    state, parameter shard and gradient shard are on disk, and the pool, the gradient's
+    landing strip and the rest of the buffers are in RAM."""
+    argv = ["--data", corpus, "--stage", str(stage), "--bucket-numel", "96"]
+    argv += ["--offload-optimizer", "nvme", "--nvme-path", str(tmp_path), *flags]
+    argv += ["--sub-group-size", "64", "--buffer-count", "3"]
+    parsed = parse_args(argv, 1)
+    model = GPT(SMALL_GPT)
+    comm = comm_for(MPI.COMM_SELF, parsed.zero)
+    engine = make_engine(model, RandomInit(model, 0), parsed.zero, comm)
+    est = estimate_for(parsed, model, 1)
+    held = engine.memory.bytes_by_category()
+    on_disk = engine.memory.disk_bytes_by_category()
+    engine.close()
+    assert held == {k: getattr(est, k) for k in held}, on_disk
+    assert engine.memory.peak_bytes == est.model_states
+    assert on_disk["optimizer"] > 0 and est.optimizer == 0
+    assert (on_disk["params"] > 0) == ("--offload-param" in flags)
+    assert (on_disk["grads"] > 0) == (stage >= 2)  # stage 1's gradients stay in RAM

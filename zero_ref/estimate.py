@@ -25,9 +25,13 @@ from zero_ref.engine.memory import (
     FP32,
     buffer_formula_bytes,
     formula_bytes,
+    grad_strip_bytes,
+    grads_on_disk,
     offload_pool_numel,
     offload_pool_row_numel,
+    offload_pool_rows,
 )
+from zero_ref.layout.buckets import bucket_columns
 from zero_ref.layout.flat import FlatLayout, model_layout
 from zero_ref.models.gpt import GPT
 from zero_ref.models.mlp import CharMLP
@@ -147,20 +151,23 @@ def estimate_rank(
     checkpoint: bool = False,
     sizes: ElementBytes = FP32,
     offload_pool: tuple[int, int] | None = None,
+    offload_param: bool = False,
 ) -> RankEstimate:
     """One rank's peak for a run of `model` at `stage` on `world` ranks (`sizes`: the
     bytes per element of each kind of array, fp32 by default). With offload_pool =
-    (sub_group_size, buffer_count) the optimizer state is on disk, and RAM holds the
-    pool of buffer_count x 3 sub-groups instead."""
+    (sub_group_size, buffer_count) the optimizer state is on disk (and at stages 2-3
+    the gradient shard: grads_on_disk), and RAM holds the pool of buffer_count x
+    offload_pool_rows sub-groups instead, and the gradient's landing strip; with
+    offload_param (stage 3) the parameter shard is on disk too."""
     layout = model_layout(model, world)
     states = state_bytes(layout, stage, bucket_numel, grad_accum, sizes)
     if offload_pool is not None and stage >= 1:
-        sub_group, count = offload_pool
-        shards = [u.shard_numel for u in layout.units]
         states["optimizer"] = 0
-        row = offload_pool_row_numel(offload_pool_numel(stage, shards, sub_group), ALIGN // 4)
-        pool_numel = count * 3 * row
-        states["buffers"] += 4 * pool_numel + ALIGN  # room to align it for O_DIRECT
+        states["buffers"] += offload_buffer_bytes(layout, stage, bucket_numel, sizes, offload_pool)
+        if grads_on_disk(stage, "nvme"):
+            states["grads"] = 0
+    if offload_param and stage == 3:
+        states["params"] = 0
     return RankEstimate(
         stage=stage,
         world=world,
@@ -170,6 +177,25 @@ def estimate_rank(
         activations=activation_bytes(model, micro_batch, checkpoint),
         overhead=OVERHEAD_BYTES,
     )
+
+
+def offload_buffer_bytes(
+    layout: FlatLayout,
+    stage: int,
+    bucket_numel: int,
+    sizes: ElementBytes,
+    offload_pool: tuple[int, int],
+) -> int:
+    """RAM that optimizer offload adds to the buffers: the pool (aligned for O_DIRECT),
+    and with the gradient shard on disk its landing strip."""
+    sub_group, count = offload_pool
+    shards = [u.shard_numel for u in layout.units]
+    row = offload_pool_row_numel(offload_pool_numel(stage, shards, sub_group), ALIGN // 4)
+    total = 4 * count * offload_pool_rows(stage, "nvme") * row + ALIGN  # room to align it
+    if grads_on_disk(stage, "nvme"):
+        widest = min(bucket_columns(bucket_numel, layout.world_size), layout.shard_numel)
+        total += grad_strip_bytes(widest, layout.shard_numel, sizes.grad, ALIGN)
+    return total
 
 
 def estimate_for(
@@ -189,6 +215,7 @@ def estimate_for(
         offload_pool=(zero.sub_group_size, zero.buffer_count)
         if zero.offload_optimizer == "nvme"
         else None,
+        offload_param=zero.offload_param == "nvme",
     )
 
 

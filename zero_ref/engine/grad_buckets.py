@@ -6,7 +6,8 @@ rank r owns (zero_ref/layout/flat.py). zero_ref/layout/buckets.py cuts the shard
 windows of at most bucket_numel // world_size columns; here each window is
 filled from the units that overlap it and reduce-scattered once its lowest unit
 is done, landing (summed over ranks) in this rank's slice of the gradient:
-the gradient shard (stages 2-3, and stage 1 with grad_accum > 1), or this
+the gradient shard (stages 2-3, and stage 1 with grad_accum > 1; in RAM or, with
+the optimizer on NVMe, in a swap file: zero_ref/engine/grad_shard.py), or this
 rank's own rows of the full gradient buffer (stage 1 with grad_accum 1: no
 second gradient buffer, the paper's 2 Psi). Micro-steps after the first land in
 `reduce_out` and are added, the oracle's micro-step order. Staging holds at
@@ -27,37 +28,25 @@ from zero_ref.layout.flat import FlatLayout, rank_rows
 
 
 class GradientBuckets:
-    """The bucket plan, its staging matrix, and what each unit's gradient completes."""
+    """The bucket plan, its staging matrix, and what each unit's gradient completes.
+    Where each bucket's sum lands is the landing's business (`landing`, `landed`): a
+    gradient shard in RAM or on disk (zero_ref/engine/grad_shard.py), or stage 1's
+    rows of the full gradient (RowsOfFullGradient)."""
 
     def __init__(
         self,
         layout: FlatLayout,
-        bucket_numel: int,
-        grad_accum: int,
+        plan: BucketPlan,
         comm: Comm,
         place: HostPlacement,
         wire_dtype: np.dtype,
-        shard_grads: np.ndarray | None,
-        full_grads: np.ndarray | None = None,
+        landing,
     ) -> None:
-        """Sums land in shard_grads, or (shard_grads None) in this rank's rows of
-        full_grads."""
-        self.layout, self.comm, self.place = layout, comm, place
-        self.shard_grads, self.full_grads = shard_grads, full_grads
+        self.layout, self.plan, self.comm, self.place = layout, plan, comm, place
+        self.landing = landing
         self.world = layout.world_size
-        units = layout.units
-        self.plan: BucketPlan = plan_buckets(
-            [u.shard_numel for u in units],
-            [u.shard_offset for u in units],
-            bucket_numel,
-            self.world,
-        )
         widest = self.plan.widest()
         self.staging = place.zeros("buffers", "bucket_staging", self.world * widest, wire_dtype)
-        self.reduce_out = None  # landing space for sums not written straight into the shard
-        grad_dtype = (full_grads if shard_grads is None else shard_grads).dtype
-        if grad_accum > 1 or shard_grads is None:
-            self.reduce_out = place.zeros("buffers", "reduce_out", widest, grad_dtype)
 
     def unit_ready(self, i: int, unit_grads: np.ndarray, micro: int) -> None:
         """Unit i's padded gradient range is final: pack it, fire what it completes."""
@@ -80,18 +69,35 @@ class GradientBuckets:
         return self.staging[: self.world * bucket.shard_numel].reshape(self.world, -1)
 
     def _reduce(self, bucket: Bucket, staging: np.ndarray, micro: int) -> None:
-        lo, hi = bucket.shard_offset, bucket.shard_offset + bucket.shard_numel
-        if self.shard_grads is not None and micro == 0:
-            self.comm.reduce_scatter_sum(staging.reshape(-1), self.shard_grads[lo:hi])
-            return
-        out = self.reduce_out[: bucket.shard_numel]
+        out = self.landing.landing(bucket, micro)
         self.comm.reduce_scatter_sum(staging.reshape(-1), out)
-        if self.shard_grads is not None:
-            self.place.accumulate_rounded(self.shard_grads[lo:hi], out)
-        else:
-            self._land_in_rows(bucket, out)
+        self.landing.landed(bucket, out, micro)
 
-    def _land_in_rows(self, bucket: Bucket, out: np.ndarray) -> None:
+
+def bucket_plan(layout: FlatLayout, bucket_numel: int) -> BucketPlan:
+    """The plan of a layout's shard space (zero_ref/layout/buckets.py)."""
+    units = layout.units
+    return plan_buckets(
+        [u.shard_numel for u in units],
+        [u.shard_offset for u in units],
+        bucket_numel,
+        layout.world_size,
+    )
+
+
+class RowsOfFullGradient:
+    """Stage 1 with grad_accum 1: a bucket's sum lands in reduce_out and is copied into
+    this rank's rows of the full gradient buffer (no second gradient buffer: the
+    paper's 2 Psi)."""
+
+    def __init__(self, layout: FlatLayout, full_grads: np.ndarray, rank: int, place, widest):
+        self.layout, self.full_grads, self.rank = layout, full_grads, rank
+        self.reduce_out = place.zeros("buffers", "reduce_out", widest, full_grads.dtype)
+
+    def landing(self, bucket: Bucket, micro: int) -> np.ndarray:
+        return self.reduce_out[: bucket.shard_numel]
+
+    def landed(self, bucket: Bucket, out: np.ndarray, micro: int) -> None:
         """Copy a bucket's sum into this rank's rows of the units it spans. Its columns
         belong to no other bucket, so no bucket still to be packed reads them."""
         lo, hi = bucket.shard_offset, bucket.shard_offset + bucket.shard_numel
@@ -99,5 +105,5 @@ class GradientBuckets:
             unit = self.layout.units[i]
             a, b = max(lo, unit.shard_offset), min(hi, unit.shard_offset + unit.shard_numel)
             if a < b:
-                mine = rank_rows(self.full_grads[unit.full_slice()], unit)[self.comm.rank]
+                mine = rank_rows(self.full_grads[unit.full_slice()], unit)[self.rank]
                 mine[a - unit.shard_offset : b - unit.shard_offset] = out[a - lo : b - lo]

@@ -169,10 +169,65 @@ def buffer_formula_bytes(
     return total
 
 
+def grads_on_disk(stage: int, offload_optimizer: str) -> bool:
+    """Does the reduced gradient shard live in a swap file? With the optimizer state on
+    NVMe at stages 2-3 (ZeRO-Infinity, Sec. 5: what the optimizer streams, its gradient
+    included, is on disk; docs/offload.md). Stage 1 keeps a full gradient buffer that
+    backward writes: its gradients stay in RAM."""
+    return offload_optimizer == "nvme" and stage >= 2
+
+
+def swap_file_bytes(
+    stage: int,
+    offload_optimizer: str,
+    offload_param: str,
+    shard_numel: int,
+    sizes: ElementBytes = FP32,
+) -> int:
+    """Bytes of one rank's swap files (offload is for stages 1-3, whose optimizer state is
+    the shard's): master weights (mixed precision), m and v; stage 3's parameter shard;
+    the gradient shard when grads_on_disk."""
+    total = 0
+    if offload_optimizer == "nvme":
+        total += (8 + sizes.master) * shard_numel
+    if offload_param == "nvme":
+        total += sizes.param * shard_numel
+    if grads_on_disk(stage, offload_optimizer):
+        total += sizes.grad * shard_numel
+    return total
+
+
+def grad_strip_numel(widest_bucket: int, shard_numel: int, itemsize: int, align: int) -> int:
+    """Elements of the strip a gradient shard on disk lands its buckets in
+    (zero_ref/engine/grad_shard.py): room for the widest bucket plus one disk block
+    (so its bottom can sit on a block), at least STRIP_BYTES, never more than the
+    shard rounded up to blocks plus one block; a whole number of blocks."""
+    block = align // itemsize
+    wanted = max(widest_bucket, STRIP_BYTES // itemsize)
+    return -(-min(wanted, shard_numel) // block) * block + block
+
+
+STRIP_BYTES = 1 << 20  # a gradient strip's size: the writes to the disk are this large
+
+
+def grad_strip_bytes(widest_bucket: int, shard_numel: int, itemsize: int, align: int) -> int:
+    """The buffer a gradient shard on disk adds: its strip, aligned for O_DIRECT (one
+    block of slack). (With grad_accum > 1 a micro-step's sum lands in reduce_out
+    first, as in RAM: buffer_formula_bytes counts it.)"""
+    return grad_strip_numel(widest_bucket, shard_numel, itemsize, align) * itemsize + align
+
+
+def offload_pool_rows(stage: int, offload_optimizer: str) -> int:
+    """Rows per buffer set of the offload pool: master, m and v, and the gradient when it
+    is on disk (read with them, sub-group by sub-group)."""
+    return 3 + grads_on_disk(stage, offload_optimizer)
+
+
 def offload_pool_numel(stage: int, unit_shard_numels: Sequence[int], sub_group_size: int) -> int:
     """Elements per sub-group of the offload buffer pool: sub_group_size, or less when
     no owned slice is that long (stage 3 owns one slice, its shard; stages 1-2 one
-    per unit, its rank's slice). The pool is buffer_count x 3 such sub-groups."""
+    per unit, its rank's slice). The pool is buffer_count x offload_pool_rows such
+    sub-groups."""
     widest = sum(unit_shard_numels) if stage == 3 else max(unit_shard_numels, default=0)
     return max(1, min(sub_group_size, widest))
 

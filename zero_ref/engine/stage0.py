@@ -30,14 +30,19 @@ from zero_ref.comm.collectives import Comm
 from zero_ref.config import ZeroConfig
 from zero_ref.engine.compute import OPTIMIZER_CHUNK, compute_for
 from zero_ref.engine.init_source import InitSource, as_init_source
-from zero_ref.engine.memory import MemoryLedger, offload_pool_numel, offload_pool_row_numel
+from zero_ref.engine.memory import (
+    MemoryLedger,
+    offload_pool_numel,
+    offload_pool_row_numel,
+    swap_file_bytes,
+)
 from zero_ref.engine.packing import unpack_full
 from zero_ref.engine.placement import HostPlacement, placement_for
 from zero_ref.engine.precision import Precision
 from zero_ref.layout.buckets import bucket_columns
 from zero_ref.layout.flat import FlatLayout, UnitLayout, model_layout, rank_rows, tensor_views
 from zero_ref.models.unit import Model
-from zero_ref.offload.nvme import NvmeStore, swap_bytes
+from zero_ref.offload.nvme import NvmeStore
 from zero_ref.offload.pipeline import OffloadedUpdate
 from zero_ref.offload.swap_file import ALIGN
 from zero_ref.optim.adamw import adamw_scalars, with_lr
@@ -179,15 +184,14 @@ class Stage0DataParallel:
 
     def _nvme_store(self) -> NvmeStore | None:
         """This rank's swap folder, its disk checked for every file it will hold."""
-        if "nvme" not in (self.cfg.offload_optimizer, self.cfg.offload_param):
+        cfg = self.cfg
+        if "nvme" not in (cfg.offload_optimizer, cfg.offload_param):
             return None
-        nbytes = 0
-        if self.cfg.offload_optimizer == "nvme":
-            arrays = 3 if self.precision.mixed else 2  # (master,) m, v
-            nbytes += swap_bytes(self._optimizer_numel(), arrays)
-        if self.cfg.offload_param == "nvme":  # stage 3's shard
-            nbytes += swap_bytes(self.layout.shard_numel, 1, self.precision.param.itemsize)
-        return NvmeStore(self.cfg.nvme_path, self.rank, self.memory, nbytes)
+        nbytes = swap_file_bytes(
+            self.stage, cfg.offload_optimizer, cfg.offload_param, self._optimizer_numel(),
+            self.precision.bytes,
+        )  # fmt: skip
+        return NvmeStore(cfg.nvme_path, self.rank, self.memory, nbytes)
 
     def _init_offloaded_update(self) -> None:
         """The buffer pool (in the ledger's buffers) and the I/O threads; every swap
@@ -195,13 +199,17 @@ class Stage0DataParallel:
         shards = [u.shard_numel for u in self.layout.units]
         sub_group = offload_pool_numel(self.stage, shards, self.cfg.sub_group_size)
         row = offload_pool_row_numel(sub_group, ALIGN // 4)
-        count = self.cfg.buffer_count
+        count, rows = self.cfg.buffer_count, 3 + self._streamed_grad_rows()
         pool = self.place.aligned_zeros(
-            "buffers", "offload_pool", count * 3 * row, np.float32, ALIGN
+            "buffers", "offload_pool", count * rows * row, np.float32, ALIGN
         )
-        pool = pool.reshape(count, 3, row)
+        pool = pool.reshape(count, rows, row)
         self.offloaded = OffloadedUpdate(self.nvme, pool, count, sub_group)
         self.nvme.release_all()
+
+    def _streamed_grad_rows(self) -> int:
+        """Rows of each pool buffer set the gradient takes (stages 2-3: on disk, 1)."""
+        return 0
 
     def where(self) -> str:
         """'rank r, step s' (or set-up, before step 1): for errors raised deep inside."""
@@ -403,9 +411,9 @@ class Stage0DataParallel:
         copies of the gradients, the parameters moved back up after."""
         self.comm.set_context(where="optimizer step")
         owned = self.compute.owned_for_update(self.owned_slices())
-        divisor = np.float32(self.world * self.cfg.grad_accum * self.loss_scale())
+        divisor = self._grad_divisor()
         grads = [g for _, g, _, _, _ in owned]
-        norm = self.compute.grad_norm(grads, divisor, self.norm_comm(), self.cfg.deterministic)
+        norm = self._grad_norm(grads, divisor)
         skip = not math.isfinite(norm) and self._skip_nonfinite(grads)
         if self.scaler is not None:
             self.scaler = next_state(self.cfg.loss_scale, self.scaler, overflow=skip)
@@ -433,11 +441,23 @@ class Stage0DataParallel:
         self.after_update()
         return norm
 
+    def _grad_divisor(self) -> np.float32:
+        """W k S: the stored gradient over this is the mean AdamW sees (S: loss scale)."""
+        return np.float32(self.world * self.cfg.grad_accum * self.loss_scale())
+
+    def _grad_norm(self, grads: list[np.ndarray], divisor: np.float32) -> float:
+        """The global norm of grads / divisor (stages 2-3 ask their gradient shard)."""
+        return self.compute.grad_norm(grads, divisor, self.norm_comm(), self.cfg.deterministic)
+
+    def _first_nonfinite(self, grads: list[np.ndarray]) -> int | None:
+        """Position of the first NaN/Inf in this rank's owned gradients, or None."""
+        return self.compute.first_nonfinite(grads)
+
     def _skip_nonfinite(self, grads: list[np.ndarray]) -> bool:
         """Find the first NaN/Inf over all ranks; with fp16 (an overflow) or the "skip"
         policy return True, else ("raise") raise an error naming the parameter."""
         full_index = locate_nonfinite(
-            grads, self.layout, self.rank, self.norm_comm(), self.compute.first_nonfinite
+            grads, self.layout, self.rank, self.norm_comm(), self._first_nonfinite
         )
         if full_index is None:
             return False  # finite gradients whose float32 norm overflowed: step as before

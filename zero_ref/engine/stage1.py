@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from zero_ref.comm.collectives import Comm
-from zero_ref.engine.grad_buckets import GradientBuckets
+from zero_ref.engine.grad_buckets import GradientBuckets, RowsOfFullGradient, bucket_plan
+from zero_ref.engine.grad_shard import GradShardInRam
 from zero_ref.engine.init_source import InitSource
 from zero_ref.engine.packing import unpack_full
 from zero_ref.engine.stage0 import Owned, Stage0DataParallel
@@ -50,22 +51,25 @@ class Stage1OptimizerSharded(Stage0DataParallel):
 
     def _init_buckets(self) -> None:
         """The buckets, and where their sums land: this rank's rows of the full gradient
-        (grad_accum 1), or a gradient shard that adds up the micro-steps."""
+        (grad_accum 1), or a gradient shard in RAM that adds up the micro-steps."""
+        plan = bucket_plan(self.layout, self.cfg.bucket_numel)
         self.shard_grads = None
         if self.cfg.grad_accum > 1:
-            self.shard_grads = self._new_shard_grads()
-        self._make_buckets(self.shard_grads, self.full_grads)
+            landing = GradShardInRam(
+                self.place, self.layout.shard_numel, self.precision.grad, self.cfg.grad_accum,
+                plan.widest(),
+            )  # fmt: skip
+            self.shard_grads = landing.array
+        else:
+            landing = RowsOfFullGradient(
+                self.layout, self.full_grads, self.rank, self.place, plan.widest()
+            )
+        self._make_buckets(plan, landing)
 
-    def _new_shard_grads(self) -> np.ndarray:
-        numel = self.layout.shard_numel
-        return self.place.zeros("grads", "shard_grads", numel, self.precision.grad)
-
-    def _make_buckets(self, shard_grads: np.ndarray | None, full_grads: np.ndarray | None):
-        cfg = self.cfg
+    def _make_buckets(self, plan, landing) -> None:
         self.buckets = GradientBuckets(
-            self.layout, cfg.bucket_numel, cfg.grad_accum, self.comm, self.place,
-            self.precision.comm, shard_grads, full_grads,
-        )  # fmt: skip
+            self.layout, plan, self.comm, self.place, self.precision.comm, landing
+        )
 
     def _optimizer_numel(self) -> int:
         return self.layout.shard_numel

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from zero_ref.engine.grad_buckets import bucket_plan
+from zero_ref.engine.grad_shard import grad_shard_for
 from zero_ref.engine.stage1 import Stage1OptimizerSharded
 from zero_ref.layout.flat import UnitLayout, tensor_views
 
@@ -22,10 +24,27 @@ class Stage2GradientsSharded(Stage1OptimizerSharded):
     stage = 2
 
     def _init_grads(self) -> None:
+        """One unit's float32 scratch, the buckets, and the gradient shard they land in:
+        in RAM, or on disk with the optimizer (zero_ref/engine/grad_shard.py)."""
         widest = self.layout.widest_unit_numel
         self.unit_grad_scratch = self.place.zeros("buffers", "unit_grad_scratch", widest)
-        self.shard_grads = self._new_shard_grads()
-        self._make_buckets(self.shard_grads, None)
+        plan = bucket_plan(self.layout, self.cfg.bucket_numel)
+        self.grad_shard = grad_shard_for(
+            self.stage, self.cfg, self.place, self.nvme, self.layout.shard_numel,
+            self.precision.grad, plan.widest(), self._grad_divisor,
+        )  # fmt: skip
+        self.shard_grads = self.grad_shard.array
+        self._make_buckets(plan, self.grad_shard)
+
+    def _grad_norm(self, grads: list[np.ndarray], divisor: np.float32) -> float:
+        shard, comm = self.grad_shard, self.norm_comm()
+        return shard.norm(grads, divisor, self.compute, comm, self.cfg.deterministic)
+
+    def _first_nonfinite(self, grads: list[np.ndarray]) -> int | None:
+        return self.grad_shard.first_nonfinite(grads, self.compute)
+
+    def _streamed_grad_rows(self) -> int:
+        return self.grad_shard.pool_rows
 
     def unit_grads(self, i: int) -> dict[str, np.ndarray]:
         """Backward writes unit i's gradients into the scratch, one unit at a time."""

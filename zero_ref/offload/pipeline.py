@@ -2,18 +2,22 @@
 through a fixed pool of buffers, the kernel never waiting for the disk when the
 disk is the faster of the two (ZeRO-Infinity, Sec. 6.2: overlap-centric design).
 
-The shard's (master, m, v) are cut into sub-groups of sub_group_size elements.
+The shard's (master, m, v) are cut into sub-groups of sub_group_size elements,
+and with them the gradient when it is on disk too (stages 2-3:
+zero_ref/engine/grad_shard.py), which is read and not written back.
 Sub-group i uses buffer set i mod B (B = buffer_count). While the main thread
-runs the AdamW kernel (Numba, nogil) on sub-group i, two I/O threads read
-sub-group i + 1 .. i + B - 2 ahead and write sub-group i - 1 back; a buffer set
-is read into only after its last sub-group was written. The kernel, the
-values and their order are the in-RAM step's, so results are bitwise the same;
-only where the bytes wait changes. RAM used is the pool, B x 3 buffers of
-sub_group_size elements (rounded up to whole 4 KiB blocks, plus one block of
-slack so that a buffer can start where its range does within a disk block, as
-O_DIRECT needs) x 4 bytes, whatever the model's size; nothing written stays in
-the page cache. With a trace (--trace) each read, update and write is an event
-in its own lane, the reads and writes with their bytes (zero_ref/io/trace.py).
+runs the AdamW kernel (Numba, nogil) on sub-group i, a pool of two I/O threads
+(one ThreadPoolExecutor: either thread takes whichever read or write is queued
+next) reads sub-groups i + 1 .. i + B - 2 ahead and writes sub-group i - 1
+back; a buffer set is read into only after its last sub-group was written. The
+kernel, the values and their order are the in-RAM step's, so results are
+bitwise the same; only where the bytes wait changes. RAM used is the pool, B x 3
+buffers (4 with the gradient) of sub_group_size elements (rounded up to whole 4
+KiB blocks, plus one block of slack so that a buffer can start where its range
+does within a disk block, as O_DIRECT needs) x 4 bytes, whatever the model's
+size; nothing written stays in the page cache. With a trace (--trace) each read,
+update and write is an event in its own lane, the reads and writes with their
+bytes (zero_ref/io/trace.py).
 """
 
 from __future__ import annotations
@@ -57,7 +61,8 @@ class OffloadedUpdate:
     def __init__(
         self, store: NvmeStore, pool: np.ndarray, buffer_count: int, sub_group: int
     ) -> None:
-        """pool: (buffer_count, 3, row) float32, held in the ledger's buffers, each row a
+        """pool: (buffer_count, 3 or 4, row) float32 (master, m, v, and a gradient on
+        disk), held in the ledger's buffers, each row a
         sub-group plus slack to match a range's alignment (offload_pool_row_numel)."""
         self.store, self.pool, self.count, self.sub_group = store, pool, buffer_count, sub_group
         self.io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="zero_ref-swap")
@@ -103,23 +108,34 @@ class OffloadedUpdate:
             self.trace.counter("swap file bytes", moved)
 
     def _swapped(self, o: Owned) -> list[tuple[SwapFile, int] | None]:
-        """For master, m, v of one owned slice, and its parameters when they are not the
-        master (16-bit): (swap file, offset), or None if in RAM."""
-        param, master = o[0], o[2]
+        """For master, m, v of one owned slice, its parameters when they are not the
+        master (16-bit), and its gradient: (swap file, offset), or None if in RAM."""
+        param, grad, master = o[0], o[1], o[2]
         state = [self.store.locate(a) for a in o[2:]]
-        return [*state, None if param is master else self.store.locate(param)]
+        params = None if param is master else self.store.locate(param)
+        return [*state, params, self.store.locate(grad)]
 
     def _buffers(self, group: SubGroup, swapped, k: int) -> np.ndarray:
-        """Buffer set k's three rows for `group`, each starting at the same offset within
-        an ALIGN block as the group's range in the swap files (master, m and v share a
-        layout), so its aligned middle moves with O_DIRECT."""
+        """Buffer set k's three state rows for `group`, each starting at the same offset
+        within an ALIGN block as the group's range in the swap files (master, m and v
+        share a layout), so its aligned middle moves with O_DIRECT."""
         where = next((w for w in swapped[group.index][:3] if w is not None), None)
         block = ALIGN // 4
         shift = 0 if where is None else (where[1] + group.lo) % block
-        return self.pool[k, :, shift : shift + group.hi - group.lo]
+        return self.pool[k, :3, shift : shift + group.hi - group.lo]
+
+    def _grad_buffer(self, group: SubGroup, swapped, k: int) -> np.ndarray:
+        """Buffer set k's gradient row for `group`, in the gradient's dtype (16 bits with
+        mixed precision), starting where the group's bytes do within an ALIGN block."""
+        swap, offset = swapped[group.index][4]
+        itemsize = swap.dtype.itemsize
+        shift = (offset + group.lo) * itemsize % ALIGN
+        row = self.pool[k, 3].view(np.uint8)[shift : shift + (group.hi - group.lo) * itemsize]
+        return row.view(swap.dtype)
 
     def _read(self, group: SubGroup, swapped, k: int) -> int:
-        """The group's master, m and v (those in swap files) into buffer set k; the bytes."""
+        """The group's master, m, v and gradient (those in swap files) into buffer set k;
+        the bytes."""
         nbytes = 0
         for j, where in enumerate(swapped[group.index][:3]):
             if where is not None:
@@ -127,10 +143,16 @@ class OffloadedUpdate:
                 buffer = self._buffers(group, swapped, k)[j]
                 swap.read_into(offset + group.lo, buffer)
                 nbytes += buffer.nbytes
+        grad = swapped[group.index][4]
+        if grad is not None:
+            buffer = self._grad_buffer(group, swapped, k)
+            grad[0].read_into(grad[1] + group.lo, buffer)
+            nbytes += buffer.nbytes
         return nbytes
 
     def _write(self, group: SubGroup, swapped, k: int) -> int:
-        """Buffer set k back to the swap files, pages dropped after; the bytes written."""
+        """Buffer set k back to the swap files, pages dropped after; the bytes written.
+        The gradient is only read: its range's pages are dropped."""
         nbytes = 0
         for j, where in enumerate(swapped[group.index][:3]):
             if where is not None:
@@ -139,10 +161,11 @@ class OffloadedUpdate:
                 swap.write_from(offset + group.lo, buffer)
                 swap.release(offset + group.lo, group.hi - group.lo, mapped=False)
                 nbytes += buffer.nbytes
-        params = swapped[group.index][3]  # 16-bit params in a swap file, written in place
-        if params is not None:
-            swap, offset = params
-            swap.release(offset + group.lo, group.hi - group.lo)
+        for j, mapped in ((3, True), (4, False)):  # 16-bit params written in place; grads
+            where = swapped[group.index][j]
+            if where is not None:
+                swap, offset = where
+                swap.release(offset + group.lo, group.hi - group.lo, mapped=mapped)
         return nbytes
 
     def _compute(self, group: SubGroup, owned, swapped, k: int, update: ChunkUpdate) -> None:
@@ -155,7 +178,8 @@ class OffloadedUpdate:
                 zip((master, m, v), swapped[group.index][:3], strict=True)
             )
         ]
-        update(param[lo:hi], grad[lo:hi], *state)
+        g = grad[lo:hi] if swapped[group.index][4] is None else self._grad_buffer(group, swapped, k)
+        update(param[lo:hi], g, *state)
 
     def close(self) -> None:
         self.io.shutdown(wait=True)
