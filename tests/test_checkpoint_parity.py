@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from tests.test_parity import (
     FP16_OVERFLOWING,
     MLP,
+    OFFLOAD_ALL,
     SETTINGS,
     TINY_UNITS,
     check_bitwise,
@@ -70,6 +71,12 @@ def check_resumed(first: dict, resumed: dict) -> None:
 @example(  # the loss scaler resumes exactly: the oracle checks the scale of every step
     drawn=pinned(TINY_UNITS, world=2, stage=1, steps=2, precision=FP16_OVERFLOWING),
     second={"world": 3, "stage": 3},
+)
+@example(  # the gradient shard on disk before and after the resume (stages 3, then 2)
+    drawn=pinned(
+        TINY_UNITS, world=3, stage=3, steps=2, offload=OFFLOAD_ALL, precision=FP16_OVERFLOWING
+    ),
+    second={"world": 2, "stage": 2},
 )
 def test_resume_at_any_world_size_and_stage_is_bitwise_oracle(mpi_pools, drawn, second):
     check_resumed(*save_then_resume(mpi_pools, drawn, second))

@@ -291,6 +291,18 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scope
 @example(drawn=pinned(TINY_UNITS, stage=0, world=2, grad_accum=2, precision=BF16_FP32_ACCUM))
 @example(drawn=pinned(TINY_UNITS, stage=1, world=3, offload=OFFLOAD, precision=FP16_OVERFLOWING))
 @example(drawn=pinned(TINY_UNITS, stage=3, world=2, grad_accum=2, offload=OFFLOAD_ALL))
+# the gradient shard on disk too (stages 2-3 with the optimizer offloaded): accumulation
+# read-add-written, clipping by the norm taken as buckets land, fp16's skipped steps
+@example(drawn=pinned(TINY_UNITS, stage=2, world=1, grad_accum=3, offload=OFFLOAD))
+@example(
+    drawn=pinned(
+        TINY_UNITS, stage=2, world=4, grad_accum=3, offload=OFFLOAD, precision=FP16_OVERFLOWING
+    )
+)
+@example(drawn=pinned(TINY_UNITS, stage=3, world=3, offload=OFFLOAD_ALL, precision=BF16_FP32_ACCUM))
+@example(
+    drawn=pinned(TINY_UNITS, stage=3, world=4, grad_accum=1, bucket_numel=1, offload=OFFLOAD_ALL)
+)
 def test_deterministic_replay_is_bitwise_oracle(mpi_pools, drawn):
     result = run(mpi_pools, drawn)
     check_bitwise(result)
@@ -309,6 +321,7 @@ def test_deterministic_replay_is_bitwise_oracle(mpi_pools, drawn):
 @example(drawn=pinned(MLP, stage=0, world=2, grad_accum=1, checkpoint_activations=True))
 @example(drawn=pinned(MLP, stage=1, world=3, grad_accum=1, precision={"precision": "bf16"}))
 @example(drawn=pinned(MLP, stage=3, world=2, grad_accum=2, precision=FP16_OVERFLOWING))
+@example(drawn=pinned(MLP, stage=3, world=3, checkpoint_activations=True, offload=OFFLOAD_ALL))
 def test_deterministic_model_is_bitwise_oracle(mpi_pools, drawn):
     result = run(mpi_pools, drawn)
     check_bitwise(result)

@@ -79,8 +79,9 @@ class GradShardOnDisk(GradShardInRam):
     (divided by the step's divisor, as the in-RAM norm does) is taken while it is in
     RAM, and where the first NaN/Inf is: no second pass over the file. In
     deterministic mode the exact norm's integer bins add in any order, so the norm is
-    bitwise the in-RAM one; in fast mode the float64 partials are per bucket rather
-    than per 2^18-element chunk, which moves the norm by float64 rounding (docs/
+    bitwise the in-RAM one; in fast mode the float64 partials are per bucket (added
+    in the plan's fixed order) rather than per 2^18-element chunk, which moves the
+    norm by float64 rounding (docs/
     determinism.md: fast mode's norm depends on how the buffer is cut). A gradient
     written some other way (through the mapping, as scripts/bench_offload.py fills
     it) has no partials: the norm then reads the file once through the mapping."""
@@ -106,7 +107,7 @@ class GradShardOnDisk(GradShardInRam):
 
     def _reset_partials(self) -> None:
         self.final_numel = 0  # elements landed in the last micro-step, this step
-        self.fast: list[tuple[int, float]] = []  # (offset, sum of squares), fast mode
+        self.fast = 0.0  # the sum of squares, fast mode: added bucket by bucket, top down
         self.bins = np.zeros(BIN_SHAPE, np.int64)  # exact mode
         self.bad: int | None = None  # shard position of the first NaN/Inf
         self.from_file = False  # the last norm read the file: so does the NaN search
@@ -145,8 +146,11 @@ class GradShardOnDisk(GradShardInRam):
         self.base = top - self.cap
         if micro:
             lo, hi = max(0, self.base), min(top, self.array.size)
-            into = self.strip[lo - self.base : hi - self.base]
-            self.nvme.locate(self.array)[0].read_into(lo, into)
+            swap = self.nvme.locate(self.array)[0]
+            swap.read_into(lo, self.strip[lo - self.base : hi - self.base])
+            # a read through the page cache left these pages, and its readahead the ones
+            # above them (already written: the strips move down)
+            swap.release(lo, self.array.size - lo, mapped=False)
 
     def _flush(self, micro: int) -> None:
         """Write the filled part from its lowest whole block up; carry the ragged block
@@ -174,7 +178,7 @@ class GradShardOnDisk(GradShardInRam):
             finite = not bins[-1].any()
         else:
             partial = sumsq_fast(g)
-            self.fast.append((lo, partial))
+            self.fast += partial
             finite = math.isfinite(partial)
         if not finite:
             at = first_nonfinite([final])  # in the gradient itself, as in RAM
@@ -193,7 +197,7 @@ class GradShardOnDisk(GradShardInRam):
         if exact:
             bins = self.bins if comm is None else comm.allreduce_int64(self.bins, kind="norm")
             return math.sqrt(bins_to_float(bins))
-        total = sum(partial for _, partial in sorted(self.fast))
+        total = self.fast
         if comm is not None:
             total = comm.allreduce_float64(total, kind="norm")
         return math.sqrt(total)
