@@ -26,6 +26,7 @@ import argparse
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from bench_common import add_record_flag, emit
@@ -50,11 +51,14 @@ def flags(d_model: int, n_layer: int, a: argparse.Namespace) -> list[str]:
 
 def one_depth(d_model: int, n_layer: int, a: argparse.Namespace, tmp: Path) -> dict:
     """Peak RSS per rank above baseline (max over phases), and the ledger, of one run."""
+    t0 = time.perf_counter()
     final = run_one(flags(d_model, n_layer, a), a, tmp)
+    wall = time.perf_counter() - t0
     ranks = final["ranks"]
     peaks = [max(r["rss_peak_bytes"].values()) for r in ranks]
     return {
         "n_layer": n_layer,
+        "run_s": wall,  # the whole mpirun: start, init, the steps, the report
         "numel_padded": final["numel_padded"],
         "peak_rss_max_bytes": max(peaks),
         "peak_rss_mean_bytes": sum(peaks) / len(peaks),
@@ -109,7 +113,7 @@ def main() -> None:
             f"peak RSS per rank above baseline {r['peak_rss_max_bytes'] / 2**20:7.1f} MiB (max), "
             f"{r['peak_rss_mean_bytes'] / 2**20:7.1f} MiB (mean); ledger RAM "
             f"{r['ledger_ram_peak_bytes'] / 2**20:.1f} MiB, on disk "
-            f"{r['ledger_disk_bytes'] / 2**20:.1f} MiB",
+            f"{r['ledger_disk_bytes'] / 2**20:.1f} MiB; {r['run_s']:.0f} s",
             file=sys.stderr,
         )
     print(

@@ -67,7 +67,10 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
 
     def _swap_after_gather(self, i: int) -> None:
         """Offloaded parameters: drop unit i's slice from RAM again, and start reading its
-        neighbours' (forward goes up, backward down) while unit i computes."""
+        neighbours' (forward goes up, backward down) while unit i computes. Reading unit
+        i through the mapping also mapped the neighbours' cached pages near its ends (the
+        kernel's fault-around, 64 KiB): those leave this process too, or every unit
+        boundary would keep a few pages until the optimizer step."""
         if self.cfg.offload_param != "nvme":
             return
         swap, base = self.nvme.locate(self.shard_params)
@@ -75,6 +78,7 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
         swap.release(base + units[i].shard_offset, units[i].shard_numel)
         for j in (i - 1, i + 1):
             if 0 <= j < len(units):
+                swap.unmap(base + units[j].shard_offset, units[j].shard_numel)
                 swap.prefetch(base + units[j].shard_offset, units[j].shard_numel)
 
     def release_unit_params(self, i: int) -> None:

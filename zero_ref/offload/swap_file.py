@@ -141,6 +141,19 @@ class SwapFile:
                 f"swap file {self.path}: {op} of {len(view)} bytes at byte {start} failed: {e}"
             ) from e
 
+    def unmap(self, offset: int, numel: int) -> None:
+        """Drop elements [offset, offset + numel) from this process's mapping only: the
+        page cache keeps them (a prefetched neighbour that a read's fault-around mapped
+        into this process stays cached for its own read, but leaves the resident set)."""
+        if numel > 0 and self._map is not None:
+            size, page = self.dtype.itemsize, mmap.PAGESIZE
+            lo = offset * size - offset * size % page
+            hi = min((offset + numel) * size, self.nbytes)
+            try:
+                self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+            except OSError as e:
+                raise OffloadIOError(f"swap file {self.path}: unmapping failed: {e}") from e
+
     def prefetch(self, offset: int, numel: int) -> None:
         """Ask the kernel to start reading elements [offset, offset + numel) now (readahead,
         asynchronous): the next unit's parameters, while this one computes."""
