@@ -76,7 +76,7 @@ def slope(small: dict, big: dict, key: str) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--nvme-path", required=True, help="folder for the swap files")
+    p.add_argument("--nvme-path", required=True, help="folder for the swap files (absolute)")
     p.add_argument("--d-model", type=int, default=512)
     p.add_argument("--layers", type=int, nargs=2, default=[4, 16], metavar=("SMALL", "BIG"))
     p.add_argument("--n-head", type=int, default=8)
@@ -87,8 +87,12 @@ def main() -> None:
     p.add_argument("--timeout-s", type=float, default=1800.0, help="per mpirun")
     add_record_flag(p, "bench_offload_slope")
     a = p.parse_args()
+    a.nvme_path = os.path.abspath(a.nvme_path)
     a.export = False  # run_one's flag: no --export
     Path(a.nvme_path).mkdir(parents=True, exist_ok=True)
+    # `python -m zero_ref.train` imports from its working folder first: run the ranks
+    # from the tree this script imported, so that PYTHONPATH picks the code they run
+    os.chdir(Path(zero_ref.__file__).parent.parent)
     with tempfile.TemporaryDirectory() as tmp:
         runs = [one_depth(a.d_model, n, a, Path(tmp)) for n in a.layers]
     small, big = runs
