@@ -73,8 +73,9 @@ def test_precision_figure_shows_a_skipped_fp16_step(scripts, tiny_corpus, tmp_pa
 def test_offload_figure_shows_every_swap_read_and_write(scripts, tiny_corpus, tmp_path):
     """The trainer's --trace of an offloaded run: the swap lanes of the last step hold
     exactly the bytes the swap files moved in a step (their own count, on the trace),
-    which are master, m and v (12 bytes each): the ledger's optimizer bytes on disk,
-    with no parameters and no optimizer state in RAM."""
+    which are master, m, v (12 bytes each) and the bf16 gradient read (2): the ledger's
+    optimizer and grads bytes on disk, with no parameters, gradients or optimizer
+    state in RAM; the files' count also holds the gradient backward wrote."""
     (tmp_path / "nvme").mkdir()
     trace, log = tmp_path / "trace_offload.json", tmp_path / "trace_offload.jsonl"
     job(
@@ -87,13 +88,15 @@ def test_offload_figure_shows_every_swap_read_and_write(scripts, tiny_corpus, tm
     swap = summary["trace_offload:last"]["swap"]
     events = json.loads(trace.read_text())["traceEvents"]
     counted = [e["args"] for e in events if e.get("pid") == 0 and e["name"] == "swap file bytes"]
+    held = json.loads(log.read_text().splitlines()[-1])["ranks"][0]
+    grads = held["disk_bytes"]["grads"]  # written by backward as the buckets landed
     assert swap == {
         "swap reads": counted[-1]["read"] - counted[-2]["read"],
-        "swap writes": counted[-1]["written"] - counted[-2]["written"],
+        "swap writes": counted[-1]["written"] - counted[-2]["written"] - grads,
     }
-    held = json.loads(log.read_text().splitlines()[-1])["ranks"][0]
-    assert swap["swap reads"] == held["disk_bytes"]["optimizer"]
+    assert swap["swap reads"] == held["disk_bytes"]["optimizer"] + grads
     assert held["memory_bytes"]["optimizer"] == held["memory_bytes"]["params"] == 0
+    assert held["memory_bytes"]["grads"] == 0
     assert summary["trace_offload:last:optimizer"]["swap"] == swap
 
 

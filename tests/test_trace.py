@@ -68,8 +68,10 @@ def test_trace_holds_every_ranks_units_collectives_and_update(tiny_corpus, tmp_p
 def test_trace_of_an_offloaded_run_holds_every_swap_read_and_write(tiny_corpus, tmp_path):
     """--offload-optimizer nvme: in each step, the swap reads and writes on the trace add
     up to what the swap files themselves counted moving (the "swap file bytes" counter,
-    after each update), which is the shard's master, m and v: the ledger's optimizer
-    bytes on disk, 12 per element. Every sub-group is read, updated and written once."""
+    after each update), less the gradient shard that backward wrote as its buckets
+    landed: the update reads the shard's master, m, v and gradient (the ledger's
+    optimizer and grads bytes on disk, 12 + 2 per element) and writes master, m and v
+    back. Every sub-group is read, updated and written once."""
     (tmp_path / "nvme").mkdir()
     trace, log = tmp_path / "offload.json", tmp_path / "offload.jsonl"
     train(
@@ -84,6 +86,8 @@ def test_trace_of_an_offloaded_run_holds_every_swap_read_and_write(tiny_corpus, 
     for rank in (0, 1):
         on_disk = final["ranks"][rank]["disk_bytes"]["optimizer"]
         assert on_disk == 12 * shard_numel  # float32 master, m and v
+        grads = final["ranks"][rank]["disk_bytes"]["grads"]
+        assert grads == 2 * shard_numel  # the bf16 gradient shard
         counted = [e["args"] for e in events if e["pid"] == rank and e["name"] == "swap file bytes"]
         before = {"read": 0, "written": 0}
         for step, in_step in enumerate(steps_of(rank_events(trace, rank))):
@@ -91,8 +95,10 @@ def test_trace_of_an_offloaded_run_holds_every_swap_read_and_write(tiny_corpus, 
             before = counted[step]
             lanes = {"read": "swap reads", "written": "swap writes"}
             for k, lane in lanes.items():
-                assert sum(e["args"]["bytes"] for e in in_step if e["cat"] == lane) == moved[k]
-                assert moved[k] == on_disk
+                backward = grads if k == "written" else 0  # the buckets' landing, not the update
+                in_lane = sum(e["args"]["bytes"] for e in in_step if e["cat"] == lane)
+                assert in_lane == moved[k] - backward
+                assert moved[k] == on_disk + grads
             groups = {
                 lane: sorted(e["args"]["sub_group"] for e in in_step if e["cat"] == lane)
                 for lane in ("swap reads", "adamw sub-groups", "swap writes")

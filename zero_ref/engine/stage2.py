@@ -4,8 +4,9 @@ Adds to stage 1: no full-size gradient buffer. Backward writes one unit's
 gradients at a time into a float32 scratch buffer, and they go into the buckets
 at once (rounded to the gradients' dtype first): each bucket is reduce-scattered
 as soon as it is complete, during backward, so each rank keeps only the reduced
-gradient of its own slice (2 or 4 Psi / Nd bytes) plus one unit's scratch and
-the bucket staging.
+gradient of its own slice (2 or 4 Psi / Nd bytes: in RAM, or with the optimizer
+on NVMe in a swap file, zero_ref/engine/grad_shard.py) plus one unit's scratch
+and the bucket staging.
 """
 
 from __future__ import annotations
