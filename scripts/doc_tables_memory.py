@@ -377,10 +377,49 @@ def offload_readme(demo: Result, step: Result) -> str:
     )
 
 
+def offload_slope(before: Result, after: Result) -> str:
+    """What a rank's RAM costs per added parameter with everything offloaded, before the
+    gradient shard went to disk (main's code) and after (scripts/bench_offload_slope.py)."""
+    rows = []
+    for label, res in (("gradient shard in RAM (before)", before), ("on disk (now)", after)):
+        small, big = res.data["runs"]
+        rows.append(
+            [
+                label,
+                f"{small['peak_rss_max_bytes'] / MIB:.1f}",
+                f"{big['peak_rss_max_bytes'] / MIB:.1f}",
+                f"{res.data['slope_max_bytes_per_param']:.3f}",
+                f"{res.data['ledger_ram_slope_bytes_per_param']:.3f}",
+                f"{small['run_s']:.0f}, {big['run_s']:.0f}",
+            ]
+        )
+    d = after.data
+    small, big = d["runs"]
+    setup = (
+        f"GPT, d_model {d['d_model']}, {small['n_layer']} and {big['n_layer']} blocks "
+        f"({small['numel_padded']:,} and {big['numel_padded']:,} padded parameters), stage 3, "
+        f"fp32, {d['ranks']} ranks, `--offload-optimizer nvme --offload-param nvme`, activation "
+        f"checkpointing, context {d['context']}, micro-batch 1, {d['steps']} steps. "
+        + measured_by(before, after)
+    )
+    header = [
+        "",
+        f"peak RSS per rank, {small['n_layer']} blocks (MiB)",
+        f"{big['n_layer']} blocks (MiB)",
+        "bytes per added parameter per rank",
+        "of it in the ledger",
+        "seconds per run",
+    ]
+    met = "met" if d["meets_target"] else "not met"
+    verdict = f"The target, <= {d['target']} bytes per added parameter per rank, was {met}."
+    return "\n\n".join([setup, table(header, rows), verdict])
+
+
 RENDERERS = {
     f.__name__: f
     for f in (
         memory, memory_readme, memory_stage3, memory_untracked, precision_speed, precision_loss,
         precision_readme, precision_losses, half_reduce, offload_step, offload_demo, offload_readme,
+        offload_slope,
     )
 }  # fmt: skip
