@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -74,6 +75,12 @@ def slope(small: dict, big: dict, key: str) -> float:
     return (big[key] - small[key]) / (big["numel_padded"] - small["numel_padded"])
 
 
+def _commit(tree: Path) -> str | None:
+    done = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True)  # fmt: skip
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nvme-path", required=True, help="folder for the swap files (absolute)")
@@ -92,12 +99,14 @@ def main() -> None:
     Path(a.nvme_path).mkdir(parents=True, exist_ok=True)
     # `python -m zero_ref.train` imports from its working folder first: run the ranks
     # from the tree this script imported, so that PYTHONPATH picks the code they run
-    os.chdir(Path(zero_ref.__file__).parent.parent)
+    tree = Path(zero_ref.__file__).parent.parent
+    os.chdir(tree)
     with tempfile.TemporaryDirectory() as tmp:
         runs = [one_depth(a.d_model, n, a, Path(tmp)) for n in a.layers]
     small, big = runs
     out = {
-        "zero_ref": str(Path(zero_ref.__file__).parent.parent),  # which tree ran
+        "zero_ref": str(tree),  # which tree ran, at which commit
+        "zero_ref_commit": _commit(tree),
         "d_model": a.d_model,
         "ranks": a.ranks,
         "steps": a.steps,

@@ -381,8 +381,10 @@ def offload_slope(before: Result, after: Result) -> str:
     """What a rank's RAM costs per added parameter with everything offloaded, before the
     gradient shard went to disk (main's code) and after (scripts/bench_offload_slope.py)."""
     rows = []
-    for label, res in (("gradient shard in RAM (before)", before), ("on disk (now)", after)):
+    for label, res in (("gradient shard in RAM", before), ("gradient shard on disk", after)):
         small, big = res.data["runs"]
+        commit = res.data.get("zero_ref_commit")
+        label += f" (zero_ref at {commit})" if commit else ""
         rows.append(
             [
                 label,
