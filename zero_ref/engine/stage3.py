@@ -67,7 +67,8 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
 
     def _swap_after_gather(self, i: int) -> None:
         """Offloaded parameters: drop unit i's slice from RAM again, and start reading its
-        neighbours' (forward goes up, backward down) while unit i computes."""
+        neighbours' (forward goes up, backward down) while unit i computes. With a trace,
+        each range advised is an instant event "readahead <unit>" in lane "swap reads"."""
         if self.cfg.offload_param != "nvme":
             return
         swap, base = self.nvme.locate(self.shard_params)
@@ -75,7 +76,18 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
         swap.release(base + units[i].shard_offset, units[i].shard_numel)
         for j in (i - 1, i + 1):
             if 0 <= j < len(units):
-                swap.prefetch(base + units[j].shard_offset, units[j].shard_numel)
+                offset, numel = base + units[j].shard_offset, units[j].shard_numel
+                swap.prefetch(offset, numel)
+                if self.trace is not None:
+                    size = swap.dtype.itemsize
+                    self.trace.instant(
+                        f"readahead {units[j].name}",
+                        "swap reads",
+                        gathered=units[i].name,
+                        file=swap.path.name,
+                        byte_offset=offset * size,
+                        bytes=numel * size,
+                    )
 
     def release_unit_params(self, i: int) -> None:
         """Nothing to free: the next gather overwrites the buffer."""
