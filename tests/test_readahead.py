@@ -70,23 +70,22 @@ def test_each_gather_asks_for_the_unit_gathered_next(tmp_path, precision, grad_a
     seq = gathers_and_advice(trace)
     directions = {d for d, _, _ in seq}
     assert directions == {"forward", "backward"}, seq  # both passes gather
-    for (direction, unit, advice), (_, following, _) in zip(seq, seq[1:], strict=False):
-        advised = [e["args"]["gathered"] == unit for e in advice]
-        assert all(advised), f"events after gathering {unit} name another gather: {advice}"
+    for direction, unit, advice in seq:
         asked = {e["name"].removeprefix("readahead ") for e in advice}
+        assert all(e["args"]["gathered"] == unit for e in advice), advice
         assert unit not in asked, f"{direction} {unit}: advised its own slice, just gathered"
+        i = names.index(unit)
+        nxt = i + 1 if direction == "forward" else i - 1
+        if 0 <= nxt < len(names):
+            assert names[nxt] in asked, f"{direction} gather of {unit}: no readahead of the next"
+    # Whatever the direction: the unit gathered next was asked for.
+    for (direction, unit, advice), (_, following, _) in zip(seq, seq[1:], strict=False):
+        asked = {e["name"].removeprefix("readahead ") for e in advice}
         if following != unit:  # a re-gather after the update reads the slice just written
             assert following in asked, (
                 f"{direction} gather of {unit} was followed by {following}, which was not "
                 f"read ahead (asked for {sorted(asked)})"
             )
-    # And the direction rule itself, at every gather not at an end of the model.
-    for direction, unit, advice in seq:
-        i = names.index(unit)
-        nxt = i + 1 if direction == "forward" else i - 1
-        asked = {e["name"].removeprefix("readahead ") for e in advice}
-        if 0 <= nxt < len(names):
-            assert names[nxt] in asked, f"{direction} gather of {unit}: no readahead of the next"
     engine.close()
 
 
