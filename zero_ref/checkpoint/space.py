@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from zero_ref.checkpoint.manifest import STATE_KINDS, CheckpointError, rank_file_name
+from zero_ref.checkpoint.writer import build_manifest
 from zero_ref.errors import CollectiveError
 from zero_ref.io.tensor_io import safetensors_file_bytes
 
@@ -53,8 +54,6 @@ def in_blocks(nbytes: int, block: int) -> int:
 def save_bytes(engine, step: int, training: dict[str, Any], block: int) -> int:
     """The bytes a save of `engine` after `step` takes on disk: every rank's file, the
     manifest, and a block each for the tag folder and the new `latest`."""
-    from zero_ref.checkpoint.writer import build_manifest  # writer calls the check
-
     file_bytes = rank_file_bytes(engine.layout.shard_numel)
     files = [
         {"rank": r, "file": rank_file_name(r), "bytes": file_bytes, "crc32": LARGEST_CRC32}
