@@ -172,23 +172,7 @@ def parse_config(raw: dict) -> ParsedConfig:
             out.no_effect.append(key)
         else:
             out.unknown.append(key)
-    _resolve_cpu_offload(out)
     return out
-
-
-def _resolve_cpu_offload(out: ParsedConfig) -> None:
-    """offload_optimizer.device cpu is ZeRO-Offload with "device": "gpu"; on the CPU path
-    the optimizer state is in RAM already, so there it only gets a note."""
-    name = out.settings.pop("offload_optimizer_cpu", None)
-    if name is None:
-        return
-    if out.settings.get("device") == "gpu":
-        out.settings["offload_optimizer"] = "cpu"
-    else:
-        out.not_implemented.append(
-            f'{name} = cpu (ZeRO-Offload is the GPU path\'s, with "device": "gpu"; '
-            "on the CPU path the state is in RAM already)"
-        )
 
 
 def _checkpoint(section: dict, out: ParsedConfig) -> None:
@@ -276,16 +260,16 @@ OFFLOAD_NO_EFFECT = (
 
 def _offload(block: str, section: dict, out: ParsedConfig) -> None:
     """DeepSpeed's offload_optimizer / offload_param blocks: device nvme (here: swap
-    files under nvme_path); device cpu is the GPU path's; buffer_count is the
-    optimizer pool's size (the parameters need no pool: one unit at a time)."""
+    files under nvme_path); offload_optimizer's device cpu is --offload-optimizer cpu,
+    ZeRO-Offload, which needs --device gpu (on the CPU path it is the same error as
+    the flag's: the state is in RAM already); buffer_count is the optimizer pool's
+    size (the parameters need no pool: one unit at a time)."""
     for key, value in section.items():
         name = f"zero_optimization.{block}.{key}"
         if key == "device":
             if value not in ("none", "nvme", "cpu"):
                 raise ConfigError(f"config {name} = {value!r}: allowed 'none', 'nvme', 'cpu'")
-            if value == "cpu" and block == "offload_optimizer":
-                out.settings["offload_optimizer_cpu"] = name  # resolved with "device" below
-            elif value == "cpu":
+            if value == "cpu" and block == "offload_param":
                 out.not_implemented.append(f"{name} = cpu (parameters on the CPU: not built)")
             else:
                 out.settings[block] = value

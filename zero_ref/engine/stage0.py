@@ -187,7 +187,7 @@ class Stage0DataParallel:
             nbytes += swap_bytes(self._optimizer_numel(), arrays)
         if self.cfg.offload_param == "nvme":  # stage 3's shard
             nbytes += swap_bytes(self.layout.shard_numel, 1, self.precision.param.itemsize)
-        return NvmeStore(self.cfg.nvme_path, self.rank, self.memory, nbytes)
+        return NvmeStore(self.cfg.nvme_path, self.rank, self.memory, nbytes, self.comm.mpi)
 
     def _init_offloaded_update(self) -> None:
         """The buffer pool (in the ledger's buffers) and the I/O threads; every swap
