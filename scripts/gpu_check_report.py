@@ -233,6 +233,8 @@ def summarize(work: Path, mode: str, expect: dict, started: float) -> dict:
         why = figures_missing(name, figures) if status == "pass" else None
         if why:
             phase |= {"status": "fail", "why": why}
+        if phase["status"] != "pass":  # the log's last lines: usually the error
+            phase["log_tail"] = [x for x in _lines(work / f"{name}.log") if x.strip()][-4:]
         phases[name] = phase
     return {
         "mode": mode,
