@@ -15,10 +15,10 @@
 #   oracle_*    deterministic runs whose every step --check-oracle requires bitwise
 #               (oracle.txt): stage 3 in bf16; stage 2 in fp16 with ZeRO-Offload
 #   checkpoint  a save, a resume at half the ranks, an export and a sample (checkpoint.txt)
-#   bench       scripts/bench_gpu.py --train: the kernels' bandwidth beside a device
-#               copy's, and training step times at 4 ranks (bench.txt)
+#   bench       scripts/bench_gpu.py: the kernels' bandwidth beside a device copy's
+#   bench_train scripts/bench_gpu.py --train: training step times at 4 ranks (bench.txt)
 # then summary.json, written last: each phase's pass/fail/timeout, seconds and figures
-# (scripts/gpu_check_report.py). On the GPU all limits together are 7 min 50 s.
+# (scripts/gpu_check_report.py). On the GPU all limits together are 7 min 45 s.
 #
 # --rehearse (or GPU_CHECK_REHEARSE=1) runs the same phases in numba-cuda's simulator
 # (NUMBA_ENABLE_CUDASIM=1, NumPy as the array module, no CuPy) at tiny sizes and never
@@ -60,23 +60,28 @@ if [[ $REHEARSE == 1 ]]; then
   MODEL="--d-model 16 --n-layer 1 --context 8 --batch-size 4"
   CKPT_MODEL="--model mlp --d-embed 2 --d-hidden 4 --context 2 --batch-size 4"
   TESTS=(tests/test_gpu_kernels.py tests/test_gpu_staging.py -k "not cuda_aware_path")
-  BENCH=(--train-args "--model mlp --d-embed 2 --d-hidden 4 --context 2 --batch-size 4"
-    --train-steps 2 --warmup 1 --train-ranks 2)
-  LIMIT_ENV=60 LIMIT_TESTS=180 LIMIT_ORACLE=150 LIMIT_CHECKPOINT=150 LIMIT_BENCH=180
+  BENCH=(--repeats 1)
+  TRAIN_MODEL="--model mlp --d-embed 2 --d-hidden 4 --context 2 --batch-size 4"
+  TRAIN=(--train-steps 2 --warmup 1 --train-ranks 2)
+  LIMIT_ENV=60 LIMIT_TESTS=180 LIMIT_ORACLE=150 LIMIT_CHECKPOINT=150 LIMIT_BENCH=120
+  LIMIT_TRAIN=180
 else
   MODE=gpu SIM=0 REQUIRE=gpu
   RANKS=4 RESUME_RANKS=2 ORACLE_STEPS=10 SAVE_STEPS=4 RESUME_STEPS=6
   MODEL="" CKPT_MODEL=""
   TESTS=(tests/test_gpu_kernels.py tests/test_gpu_staging.py tests/test_gpu_engine.py)
-  BENCH=(--numel 100000000 --repeats 10 --train-steps 20 --warmup 5)
-  LIMIT_ENV=30 LIMIT_TESTS=110 LIMIT_ORACLE=65 LIMIT_CHECKPOINT=60 LIMIT_BENCH=110
+  BENCH=(--numel 100000000 --repeats 10)
+  TRAIN_MODEL=""
+  TRAIN=(--train-steps 15 --warmup 3)
+  LIMIT_ENV=30 LIMIT_TESTS=100 LIMIT_ORACLE=60 LIMIT_CHECKPOINT=55 LIMIT_BENCH=35
+  LIMIT_TRAIN=90
 fi
 # Each limit can be set (GPU_CHECK_LIMIT_BENCH=200, say); each phase also gets 5 s to end
 # after its limit's SIGTERM, so on the GPU all of them together stay under 8 minutes.
 LIMIT_ENV=${GPU_CHECK_LIMIT_ENV:-$LIMIT_ENV} LIMIT_TESTS=${GPU_CHECK_LIMIT_TESTS:-$LIMIT_TESTS}
 LIMIT_ORACLE=${GPU_CHECK_LIMIT_ORACLE:-$LIMIT_ORACLE}
 LIMIT_CHECKPOINT=${GPU_CHECK_LIMIT_CHECKPOINT:-$LIMIT_CHECKPOINT}
-LIMIT_BENCH=${GPU_CHECK_LIMIT_BENCH:-$LIMIT_BENCH}
+LIMIT_BENCH=${GPU_CHECK_LIMIT_BENCH:-$LIMIT_BENCH} LIMIT_TRAIN=${GPU_CHECK_LIMIT_TRAIN:-$LIMIT_TRAIN}
 FILES=(env.txt tests.txt oracle.txt checkpoint.txt bench.txt summary.json)
 
 mkdir -p "$RESULTS" || exit 2
@@ -183,6 +188,13 @@ export -f mpi_runs install_wheels use_prefix env_phase
 run_phase env env.txt "$LIMIT_ENV" bash -c env_phase
 # shellcheck disable=SC1091
 [[ -f $WORK/env.sh ]] && . "$WORK/env.sh" # what env installed, for every later phase
+# The runs train on Python's own pydoc_data.topics (zero_ref.train's default); a Python
+# built without it trains on these docs instead.
+DATA=""
+if ! "$PY" -c "import pydoc_data.topics" 2> /dev/null; then
+  cat "$REPO"/docs/*.md > "$WORK/corpus.txt"
+  DATA="--data $WORK/corpus.txt"
+fi
 
 # ---- tests: the GPU-marked tests on the device (the simulator when rehearsed)
 run_phase tests tests.txt "$LIMIT_TESTS" \
@@ -193,7 +205,7 @@ train() { # RANKS FLAGS...: zero_ref.train on the device, the sizes of this mode
   local ranks=$1
   shift
   # shellcheck disable=SC2086
-  mpirun -n "$ranks" "$PY" -m zero_ref.train --device gpu $MODEL "$@"
+  mpirun -n "$ranks" "$PY" -m zero_ref.train --device gpu $MODEL $DATA "$@"
 }
 oracle_run() { # NAME FLAGS...
   local name=$1
@@ -203,7 +215,7 @@ oracle_run() { # NAME FLAGS...
     --sample-chars 0 --log-jsonl "$WORK/$name.jsonl"
 }
 export -f train oracle_run
-export MODEL RANKS ORACLE_STEPS
+export MODEL DATA RANKS ORACLE_STEPS
 run_phase oracle_stage3_bf16 oracle.txt "$LIMIT_ORACLE" \
   bash -c 'oracle_run oracle_stage3_bf16 --stage 3 --precision bf16'
 run_phase oracle_stage2_fp16_offload oracle.txt "$LIMIT_ORACLE" \
@@ -222,9 +234,11 @@ export -f checkpoint_phase
 export CKPT_MODEL RESUME_RANKS SAVE_STEPS RESUME_STEPS
 run_phase checkpoint checkpoint.txt "$LIMIT_CHECKPOINT" bash -c checkpoint_phase
 
-# ---- bench: bench_gpu.py's JSON line last; the training runs' own logs after it
-run_phase bench bench.txt "$LIMIT_BENCH" \
-  "$PY" scripts/bench_gpu.py --train "$WORK/train" "${BENCH[@]}"
+# ---- bench: the kernels' bandwidth, then (apart, so that a slow start-up cannot lose
+# them) the training runs: bench_gpu.py's JSON line last; the runs' own logs after them
+run_phase bench bench.txt "$LIMIT_BENCH" "$PY" scripts/bench_gpu.py "${BENCH[@]}"
+run_phase bench_train bench.txt "$LIMIT_TRAIN" "$PY" scripts/bench_gpu.py --numel 4096 \
+  --repeats 1 --train "$WORK/train" --train-args "$TRAIN_MODEL $DATA" "${TRAIN[@]}"
 for log in "$WORK"/train/*.txt; do
   [[ -f $log ]] && { echo "=== ${log##*/}" && cat "$log"; } >> "$RESULTS/bench.txt"
 done

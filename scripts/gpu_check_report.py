@@ -173,15 +173,17 @@ def checkpoint_figures(work: Path, steps: int) -> dict:
     }
 
 
-def bench_figures(log: Path) -> dict:
-    """bench_gpu.py's JSON line (its last), less the commands (they are in bench.txt)."""
-    lines = log.read_text().splitlines() if log.exists() else []
-    found = next((json.loads(x) for x in reversed(lines) if x.startswith("{")), None)
+def bench_figures(log: Path, train: bool) -> dict:
+    """bench_gpu.py's JSON line (its last): the kernels' figures, or with train only the
+    training runs' (less their commands, which are in bench.txt)."""
+    found = next((json.loads(x) for x in reversed(_lines(log)) if x.startswith("{")), None)
     if found is None:
         return {}
+    if not train:
+        return found
     for run in found.get("train", {}).values():
         run.pop("command", None)
-    return found
+    return {k: found[k] for k in ("simulator", "device", "train") if k in found}
 
 
 def figures_missing(name: str, figures: dict) -> str | None:
@@ -196,9 +198,11 @@ def figures_missing(name: str, figures: dict) -> str | None:
         steps_ok = len(figures["resumed_steps"]) > 0 and figures["saved"]
         return None if steps_ok and figures["export_bytes"] > 0 else "no save/resume/export"
     if name == "bench":
-        if "fraction_of_copy" not in figures:
-            return "no JSON line from bench_gpu.py"
-        failed = [k for k, run in figures.get("train", {}).items() if "failed" in run]
+        return None if "fraction_of_copy" in figures else "no JSON line from bench_gpu.py"
+    if name == "bench_train":
+        if not figures.get("train"):
+            return "no training runs in bench_gpu.py's JSON line"
+        failed = [k for k, run in figures["train"].items() if "failed" in run]
         return f"training runs failed: {failed}" if failed else None
     return None
 
@@ -214,8 +218,8 @@ def phase_figures(name: str, work: Path, expect: dict) -> dict:
         return oracle_figures(work / f"{name}.log", jsonl(work / f"{name}.jsonl"), expect[name])
     if name == "checkpoint":
         return checkpoint_figures(work, expect[name])
-    if name == "bench":
-        return bench_figures(work / "bench.log")
+    if name.startswith("bench"):
+        return bench_figures(work / f"{name}.log", train=name == "bench_train")
     return {}
 
 
