@@ -27,6 +27,7 @@
 # machine the one that holds torch, CuPy and numba-cuda). GPU_CHECK_PHASES="bench ..."
 # runs only those of tests, oracle, checkpoint and bench (env always runs: it sets up MPI).
 set -uo pipefail
+CALLER=$(pwd)
 cd "$(dirname "$0")/.." || exit 2
 REPO=$(pwd)
 
@@ -46,7 +47,8 @@ for arg in "$@"; do
     *) positional+=("$arg") ;;
   esac
 done
-RESULTS=${positional[0]:-${OUT:-gpu_check_out}}
+RESULTS=${positional[0]:-${OUT:-$REPO/gpu_check_out}}
+[[ $RESULTS == /* ]] || RESULTS=$CALLER/$RESULTS # a relative path is the caller's
 PY=${PYTHON:-python3}
 WHEELS=${GPU_CHECK_WHEELS:-$REPO/.whl}
 STARTED=$(date +%s.%N)
