@@ -234,9 +234,9 @@ def summarize(work: Path, mode: str, expect: dict, started: float) -> dict:
         figures = phase_figures(name, work, expect)
         phase = {"status": status, "exit": int(rc), "seconds": round(float(end) - float(start), 1)}
         phase |= {"limit_s": int(limit), "file": file, "figures": figures}
-        why = figures_missing(name, figures) if status == "pass" else None
-        if why:
-            phase |= {"status": "fail", "why": why}
+        why = figures_missing(name, figures) if status == "pass" or name == "env" else None
+        if why:  # env's is what the machine lacks, whichever way it ended
+            phase |= {"status": "fail" if status == "pass" else status, "why": why}
         if phase["status"] != "pass":  # the log's last lines: usually the error
             phase["log_tail"] = [x for x in _lines(work / f"{name}.log") if x.strip()][-4:]
         phases[name] = phase
