@@ -11,7 +11,7 @@
 #               2 ranks; only what is missing is installed, from the wheels that
 #               scripts/gpu_wheels.sh put in .whl/ (pip --no-index; no venv, no registry)
 #   tests       the GPU-marked tests on the device (tests.txt): the kernels bitwise their
-#               NumPy twins, the staged collectives, the engine
+#               NumPy twins, the staged collectives (test_gpu_engine.py: simulator only)
 #   oracle_*    deterministic runs whose every step --check-oracle requires bitwise
 #               (oracle.txt): stage 3 in bf16; stage 2 in fp16 with ZeRO-Offload
 #   checkpoint  a save, a resume at half the ranks, an export and a sample (checkpoint.txt)
