@@ -14,7 +14,14 @@ from typing import Any
 from zero_ref.app.setting import GROUPS, Setting
 from zero_ref.app.settings import DEFAULTS, MODEL_DEFAULTS, SETTINGS
 
-__all__ = ["DEFAULTS", "MODEL_DEFAULTS", "UsageError", "build_parser", "default_text"]
+__all__ = [
+    "DEFAULTS",
+    "MODEL_DEFAULTS",
+    "UsageError",
+    "build_parser",
+    "default_text",
+    "model_defaults",
+]
 
 
 class UsageError(ValueError):
@@ -75,10 +82,15 @@ def default_text(s: Setting) -> str | None:
         return s.default_text
     if s.type is bool or s.default is None:
         return None
-    per_model = {m: d.get(s.dest, DEFAULTS[s.dest]) for m, d in MODEL_DEFAULTS.items()}
+    per_model = model_defaults(s)
     if len(set(per_model.values())) == 1:
         return str(s.default)
     return ", ".join(f"{v} for {m}" for m, v in per_model.items())
+
+
+def model_defaults(s: Setting) -> dict[str, Any]:
+    """Each model's default of s: MODEL_DEFAULTS over DEFAULTS."""
+    return {m: d.get(s.dest, DEFAULTS[s.dest]) for m, d in MODEL_DEFAULTS.items()}
 
 
 def _default_suffix(s: Setting) -> str:

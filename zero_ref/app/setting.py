@@ -120,9 +120,9 @@ class Setting:
         if self.allowed:
             return self.allowed
         if self.choices is not None:
-            return ", ".join(map(str, self.choices))
+            return ", ".join(f"`{c}`" for c in self.choices)
         if self.type is bool:
-            return "on or off"
+            return "on or off" if self.flag else "true or false"
         if self.minimum is not None:
             return f"{'an integer' if self.type is int else 'a number'} >= {self.minimum}"
         return "a path"
