@@ -149,6 +149,13 @@ def test_every_deepspeed_key_sets_its_setting(key):
     assert key in s.ds
 
 
+def test_a_dotted_name_inside_an_object_is_one_unknown_key_not_a_path():
+    raw = {"fp16.enabled": True, "zero_optimization": {"offload_optimizer.device": "nvme"}}
+    parsed = parse_config(raw)
+    assert parsed.settings == {}
+    assert parsed.unknown == ["fp16.enabled", "zero_optimization.offload_optimizer.device"]
+
+
 @pytest.mark.parametrize("key", sorted(k for k in DS_KEYS if DS_KEYS[k].minimum is not None))
 def test_every_numeric_deepspeed_key_refuses_a_value_below_its_minimum(key):
     s = DS_KEYS[key]

@@ -1,11 +1,13 @@
 """DeepSpeed-style JSON configs, read into zero_ref's own settings.
 
 Every key DeepSpeed users write that means something here is mapped onto a
-command-line setting (the flags override the file). Keys we accept but do not
-implement yet are reported by name; real DeepSpeed keys that mean nothing here
-(logging, profilers, switches for things zero_ref always does) are reported as
-"accepted, no effect here"; unknown keys get a warning naming them; a wrong
-type or value is an error naming the key, the value and what is allowed.
+command-line setting (the flags override the file): the setting's row in
+zero_ref.app.settings names its keys and how their values are read (DS_KEYS).
+Keys we accept but do not implement yet are reported by name; real DeepSpeed
+keys that mean nothing here (logging, profilers, switches for things zero_ref
+always does) are reported as "accepted, no effect here"; unknown keys get a
+warning naming them; a wrong type or value is an error naming the key, the
+value and what is allowed.
 Nothing is silently ignored.
 """
 
@@ -31,6 +33,12 @@ class ParsedConfig:
     not_implemented: list[str] = field(default_factory=list)  # accepted, reported once
     no_effect: list[str] = field(default_factory=list)  # real DeepSpeed keys, moot here
     unknown: list[str] = field(default_factory=list)  # warned about
+
+
+def _known(name: str, key: str) -> bool:
+    """Is name (key in its section) one a setting reads? A dotted key is not: written
+    inside one object, "a.b" is one odd name, not a path."""
+    return "." not in key and name in DS_KEYS
 
 
 def _set(out: ParsedConfig, key: str, value: Any) -> None:
@@ -95,7 +103,7 @@ def load_config(path: str | Path) -> ParsedConfig:
 def parse_config(raw: dict) -> ParsedConfig:
     out = ParsedConfig()
     for key, value in raw.items():
-        if key in DS_KEYS:
+        if _known(key, key):
             _set(out, key, value)
         elif key == "optimizer":
             _optimizer(_section(key, value), out)
@@ -159,7 +167,7 @@ def _optimizer(section: dict, out: ParsedConfig) -> None:
 def _optimizer_params(params: dict, out: ParsedConfig) -> None:
     for key, value in params.items():
         name = f"optimizer.params.{key}"
-        if name in DS_KEYS:
+        if _known(name, key):
             _set(out, name, value)
         elif key == "adam_w_mode":
             # DeepSpeed's "Adam" defaults to decoupled weight decay (AdamW); that is ours.
@@ -172,7 +180,7 @@ def _optimizer_params(params: dict, out: ParsedConfig) -> None:
 def _zero(section: dict, out: ParsedConfig) -> None:
     for key, value in section.items():
         name = f"zero_optimization.{key}"
-        if name in DS_KEYS:
+        if _known(name, key):
             _set(out, name, value)
         elif key in ("offload_optimizer", "offload_param"):
             _offload(key, _section(name, value), out)
@@ -207,7 +215,7 @@ def _offload(block: str, section: dict, out: ParsedConfig) -> None:
         name = f"zero_optimization.{block}.{key}"
         if key == "device" and block == "offload_param" and value == "cpu":
             out.not_implemented.append(f"{name} = cpu (parameters on the CPU: not built)")
-        elif name in DS_KEYS:
+        elif _known(name, key):
             _set(out, name, value)
         elif key in ("buffer_count", "max_in_cpu") and block == "offload_param":
             _integer(0)(name, _whole(name, value))
@@ -250,7 +258,7 @@ def _precision(key: str, section: dict, out: ParsedConfig) -> None:
             if _bool(full, value) and out.settings.get("precision", key) != key:
                 raise ConfigError("config enables both fp16 and bf16: enable one of them")
             _set(out, full, value)
-        elif full in DS_KEYS:  # the fp16 block's loss-scaler keys
+        elif _known(full, name):  # the fp16 block's loss-scaler keys
             _set(out, full, value)
         elif name in PRECISION_NO_EFFECT:
             out.no_effect.append(full)
@@ -264,7 +272,7 @@ def _data_types(section: dict, out: ParsedConfig) -> None:
     """DeepSpeed's data_types block: grad_accum_dtype is the gradients' dtype."""
     for name, value in section.items():
         full = f"data_types.{name}"
-        if full in DS_KEYS:
+        if _known(full, name):
             _set(out, full, value)
         else:
             out.unknown.append(full)
