@@ -125,18 +125,17 @@ def resolve_batch(
 
 
 # The settings whose lower bound the command line checks itself (the rest are checked
-# by the config dataclass they feed, whose message names the field).
-POSITIVE = tuple(x.dest for x in SETTINGS if x.cli_range and x.minimum == 1)
-NON_NEGATIVE = tuple(x.dest for x in SETTINGS if x.cli_range and x.minimum == 0)
+# by the config dataclass they feed, whose message names the field); >= 1 ones first.
+RANGED = tuple(sorted((x for x in SETTINGS if x.cli_range and x.minimum is not None),
+                      key=lambda x: -x.minimum))  # fmt: skip
+POSITIVE = tuple(x.dest for x in RANGED if x.minimum == 1)
+NON_NEGATIVE = tuple(x.dest for x in RANGED if x.minimum == 0)
 
 
 def _check_ranges(s: dict) -> None:
-    for k in POSITIVE:
-        if s[k] is not None and s[k] < 1:
-            raise UsageError(f"--{k.replace('_', '-')} {s[k]} is not allowed: it must be >= 1")
-    for k in NON_NEGATIVE:
-        if s[k] is not None and s[k] < 0:
-            raise UsageError(f"--{k.replace('_', '-')} {s[k]} is not allowed: it must be >= 0")
+    for x in RANGED:
+        if s[x.dest] is not None and s[x.dest] < x.minimum:
+            raise UsageError(f"{x.option} {s[x.dest]} is not allowed: it must be >= {x.minimum}")
 
 
 def _check_checkpoint_flags(s: dict) -> None:
