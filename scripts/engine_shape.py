@@ -40,9 +40,9 @@ def policy_branches(source: str) -> list[tuple[int, str]]:
     """(line, test) of each branch whose test names a policy word."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, (ast.If, ast.While, ast.IfExp)):
-            if any(POLICY_WORDS.search(name) for name in _names(node.test)):
-                found.append((node.lineno, ast.unparse(node.test)))
+        branch = isinstance(node, (ast.If, ast.While, ast.IfExp))
+        if branch and any(POLICY_WORDS.search(name) for name in _names(node.test)):
+            found.append((node.lineno, ast.unparse(node.test)))
     return sorted(found)
 
 
