@@ -157,6 +157,7 @@ def command_line(cmd, clone: Path) -> list[str]:
 def first_line_shape(line: str) -> str:
     """A run's first line without its numbers and its host's thread count."""
     line = re.sub(r"\d[\d,.]*", "#", line)
+    line = line.replace("deterministic mode", "fast mode")
     return re.sub(r"# threads? per rank \(.*\)", "# thread per rank (...)", line)
 
 
