@@ -182,15 +182,18 @@ def _step(page: str, block: int, words: list[str], env: dict[str, str]) -> Step:
 
 
 # Each flag counting steps, scaled down by STEP_SCALE for a test run (at least 1);
-# counts of at most KEEP_STEPS stay as written (a figure may name step 3 or 4).
+# counts of at most KEEP_STEPS stay as written (a figure may name step 3 or 4), and a
+# run keeps at least MIN_STEPS (plot_trace.py --median leaves out 5 warm-up steps).
 STEP_FLAGS = ("--steps", "--stop-at-step", "--save-every", "--warmup-steps")
-STEP_SCALE, KEEP_STEPS = 100, 10
+STEP_SCALE, KEEP_STEPS, MIN_STEPS = 100, 10, 7
 GPT_STEPS = 800  # the GPT's default --steps (zero_ref/app/cli_flags.py's MODEL_DEFAULTS)
 TINY = {"--d-model": "16", "--n-layer": "1", "--context": "8", "--n-head": "4"}
 
 
-def scaled_steps(n: int) -> int:
-    return n if n <= KEEP_STEPS else max(1, -(-n // STEP_SCALE))
+def scaled_steps(n: int, flag: str = "--steps") -> int:
+    if n <= KEEP_STEPS:
+        return n
+    return max(MIN_STEPS if flag == "--steps" else 1, -(-n // STEP_SCALE))
 
 
 def scaled(args: list[str]) -> list[str]:
@@ -206,7 +209,7 @@ def scaled(args: list[str]) -> list[str]:
         if gpt and flag in TINY:
             i += 2
         elif flag in STEP_FLAGS:
-            out += [flag, str(scaled_steps(int(pairs[i + 1])))]
+            out += [flag, str(scaled_steps(int(pairs[i + 1]), flag))]
             i += 2
         else:
             out.append(flag)
