@@ -1,4 +1,5 @@
-"""The Python examples in docs/ run as written."""
+"""The docs run as written: their Python examples, their shell commands (parsed on a
+fresh clone, the tutorials run scaled down), their example configs and outputs."""
 
 from __future__ import annotations
 
@@ -281,3 +282,29 @@ def test_memory_pages_estimate_is_what_the_estimate_prints(capsys):
     assert found, "docs/memory.md lost its estimate example"
     assert estimate.main(found[1].split()[3:]) == 0
     assert masked_estimate(found[2]) == masked_estimate(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(
+    "line, refused",
+    [
+        ("mpirun -n 2 python -m zero_ref.train --micro-batchsize 8", "UsageError"),
+        ("mpirun -n 2 python -m zero_ref.train --log-jsonl runs/a.jsonl", "UsageError"),
+        ("python -m zero_ref.train --export out.npz", "UsageError"),
+        ("mpirun -n 3 python -m zero_ref.train --batch-size 32 --micro-batch-size 8", "UsageError"),
+        ("python -m zero_ref.consolidate ckpt", "SystemExit"),
+        ("python -m zero_ref.estimate --ranks 0", "AssertionError"),
+        ("python scripts/plot_trace.py runs/x.json --outt a.png", "SystemExit"),
+    ],
+)
+def test_the_check_refuses_what_a_run_would(line, refused, tmp_path, monkeypatch, capsys):
+    """check_command fails on a misspelt flag, a folder that does not exist, a wrong
+    extension, a batch that does not split, a missing argument: the commands test above
+    can fail."""
+    from tests.doc_commands import steps_of
+
+    clone = fresh_clone(tmp_path / "clone")
+    monkeypatch.chdir(clone)
+    (cmd,) = steps_of("page.md", f"```bash\n{line}\n```\n")
+    with pytest.raises(BaseException) as caught:
+        check_command(cmd, clone, monkeypatch, capsys)
+    assert type(caught.value).__name__ == refused, caught.value
