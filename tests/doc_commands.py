@@ -4,8 +4,8 @@ A page's fenced ```bash blocks (and `$ `-prompted lines in any block) are read i
 order as one shell session on a fresh clone: backslash continuations joined, `for V
 in ...; do ... done` loops unrolled, `name="..."` variables and `export` applied,
 `&&` and `;` split. What comes out is a list of steps: a `Command` (python or mpirun
-of python), a `Mkdir`, or a `Skip` (pip, pytest, printf, `bash scripts/*.sh`: nothing
-zero_ref's parsers read).
+of python), a `Mkdir`, or a `Skip` (pip, git, pytest, printf, `bash scripts/*.sh`:
+nothing zero_ref's parsers read; python3 is python).
 Anything else raises `UnknownCommand`, so a new kind of command in the docs needs
 this reader taught, never silently passes.
 
@@ -153,9 +153,12 @@ def _step(page: str, block: int, words: list[str], env: dict[str, str]) -> Step:
         env[name] = value
     while words[:1] in (["time"], ["sudo"]):
         words = words[1:]
+    if words[:1] == ["python3"]:
+        words = ["python", *words[1:]]
     program = words[0] if words else ""
     shell_script = program == "bash" and re.fullmatch(r"scripts/\w+\.sh", words[1])
-    if program in ("pip", "printf") or shell_script or words[:3] == ["python", "-m", "pytest"]:
+    skipped = program in ("pip", "printf", "git") or words[:3] == ["python", "-m", "pytest"]
+    if skipped or shell_script:
         return Skip(page, block, text)
     if program == "mkdir":
         return Mkdir(page, block, tuple(w for w in words[1:] if not w.startswith("-")))
