@@ -156,7 +156,7 @@ def _step(page: str, block: int, words: list[str], env: dict[str, str]) -> Step:
     if words[:1] == ["python3"]:
         words = ["python", *words[1:]]
     program = words[0] if words else ""
-    shell_script = program == "bash" and re.fullmatch(r"scripts/\w+\.sh", words[1])
+    shell_script = program == "bash" and re.fullmatch(r"scripts/\w+\.sh", "".join(words[1:2]))
     skipped = program in ("pip", "printf", "git") or words[:3] == ["python", "-m", "pytest"]
     if skipped or shell_script:
         return Skip(page, block, text)
