@@ -15,7 +15,7 @@ device copy's, measured in the same run (target for AdamW: >= 0.8):
               host buffer (pinned on a GPU), what a collective costs on an MPI
               that is not CUDA-aware (zero_ref/comm/staging.py), per direction
 
-With --train OUT it also trains at 4 ranks on the device (`mpirun -n 4 python -m
+With --train OUT it also trains at 4 ranks (--train-ranks) on the device (`mpirun -n 4 python -m
 zero_ref.train --device gpu ...`, the default GPT unless --train-args says
 otherwise) at stage 0 and stage 3 in fp32, stage 3 in bf16, and stage 3 in bf16
 with the optimizer on the CPU (ZeRO-Offload), each run's JSONL log in OUT, and
@@ -79,14 +79,15 @@ TRAIN_RUNS = {  # name: the flags that make it
 }
 
 
-def train_runs(out: Path, extra: str, steps: int, warmup: int) -> dict:
-    """Each TRAIN_RUNS entry at 4 ranks on the device: its step times and copies."""
+def train_runs(out: Path, extra: str, steps: int, warmup: int, ranks: int = 4) -> dict:
+    """Each TRAIN_RUNS entry at `ranks` ranks on the device: its step times and copies."""
     out.mkdir(parents=True, exist_ok=True)
     results = {}
     for name, flags in TRAIN_RUNS.items():
         log = out / f"train_{name}.jsonl"
         command = [
-            *("mpirun", "-n", "4", sys.executable, "-m", "zero_ref.train", "--device", "gpu"),
+            *("mpirun", "-n", str(ranks), sys.executable, "-m", "zero_ref.train"),
+            *("--device", "gpu"),
             *flags.split(),
             *extra.split(),
             *("--steps", str(steps), "--quiet", "--sample-chars", "0", "--log-jsonl", str(log)),
@@ -127,6 +128,7 @@ def main() -> None:
     p.add_argument("--train-args", default="", help="model flags for --train (default GPT)")
     p.add_argument("--train-steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5, help="steps left out of the medians")
+    p.add_argument("--train-ranks", type=int, default=4, help="ranks of each --train run")
     a = p.parse_args()
     n = 4096 if kernels.SIMULATOR else a.numel
     repeats = 1 if kernels.SIMULATOR else a.repeats
@@ -165,7 +167,7 @@ def main() -> None:
         },
     }
     if a.train is not None:
-        result["train"] = train_runs(a.train, a.train_args, a.train_steps, a.warmup)
+        result["train"] = train_runs(a.train, a.train_args, a.train_steps, a.warmup, a.train_ranks)
     print(
         f"{result['device']}, {n:,} float32: copy {gbps['copy']:.1f} GB/s; AdamW "
         f"{gbps['adamw']:.1f} GB/s = {result['fraction_of_copy']['adamw']:.2f} of copy "

@@ -85,9 +85,10 @@ def memory_stage3(res: Result) -> str:
     buffers = s3["ledger"] - s3["fp32_formula"]
     rest_mib = s3["untracked"] * s3["numel_padded"] / MIB
     return (
-        f"Stage 3 holds {s3['real_peak']:.2f} bytes per parameter per rank (issue 8's target: at "
-        f"most 5), and fits {by[0]['real_peak'] / s3['real_peak']:.2f} times the model stage 0 "
-        f"fits (target: at least 3.5). Of the {s3['real_peak']:.2f}, "
+        f"Stage 3 holds {s3['real_peak']:.2f} bytes per parameter per rank (target: at most "
+        f"5), and fits {by[0]['real_peak'] / s3['real_peak']:.2f} times the model stage 0 "
+        f"fits at this size and cut into units (target: at least 3.5; the ratio's formula is "
+        f"below). Of the {s3['real_peak']:.2f}, "
         f"{s3['fp32_formula']:.2f} are the model states, {buffers:.2f} the gathered unit and "
         f"the gradient scratch, and {s3['untracked']:.2f} activations and overhead "
         f"({rest_mib:.0f} MiB per rank)."

@@ -90,7 +90,7 @@ def adam(res: Result) -> str:
             measured_by(res),
             table([*header, "kernel fraction of roofline"], rows),
             f"Roofline: {d['stream_bytes_per_s'] / 1e9:.0f} GB/s ({d['threads']} threads). "
-            f"Target (issue 2): >= 0.9 at 5e7: {'met' if target >= 0.9 else 'not met'} "
+            f"Target: >= 0.9 at 5e7: {'met' if target >= 0.9 else 'not met'} "
             f"({target:.2f}). At 5e7 the NumPy twin runs {slower:.0f}x slower than the kernel.",
         ]
     )
@@ -124,7 +124,7 @@ def comm(res: Result) -> str:
                 ["series", "what is timed", "ratio to raw"],
                 [r + [x] for r, x in zip(rows, ratios, strict=True)],
             ),
-            f"Target (issue 2): `overhead_ratio` <= 1.1: {met}. The ranks' arrival wait "
+            f"Target: `overhead_ratio` <= 1.1: {met}. The ranks' arrival wait "
             f"(the Barriers of the synced series) was {wait:.2f}x the raw transfer time.",
         ]
     )
@@ -308,7 +308,7 @@ def model_targets(d: dict) -> str:
     default, big = d["models"]
     t = d["targets"]
     first = (
-        "Targets (issue 7): the default model's forward + backward <= "
+        "Targets: the default model's forward + backward <= "
         f"{t['default_fwd_bwd_ms_max']} ms: "
         + ("**met**" if t["default_met"] else "**not met here**")
         + f" ({default['fwd_bwd_ms']:.1f} ms, "

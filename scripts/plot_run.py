@@ -5,9 +5,10 @@
 writes <out>_loss.png (loss curves beside the unigram entropy), <out>_memory.png
 (each rank's ledger by category, stacked, its peak, and the formula, one panel per
 stage on one y-axis) and <out>_comm.png (bytes rank 0 sent in the last step, by
-collective, beside the paper's volume). Before saving, every figure is checked
-(`outside_axes`): no bar, line or marker may lie outside its axes, or the script
-fails rather than draw a misleading picture.
+collective, beside the paper's volume as a ring moves it, 2 (N-1)/N Psi or at stage 3
+3 (N-1)/N Psi). Before saving, every figure is checked (`outside_axes`): no bar,
+line or marker may lie outside its axes, or the script fails rather than draw a
+misleading picture.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 CATEGORIES = ("params", "grads", "optimizer", "buffers")
 COPIES = ("device_to_host", "host_to_device", "offload_grads_to_host", "offload_params_to_device")
@@ -91,23 +93,37 @@ def plot_memory(logs) -> plt.Figure:
     return fig
 
 
+def paper_volume_label(final: dict) -> str:
+    """What the paper's bar is: Sec. 7's 2 Psi (3 Psi at stage 3) as a ring moves it."""
+    times = 3 if final["stage"] == 3 else 2
+    return f"{times}(N-1)/N Psi"
+
+
 def plot_comm(logs) -> plt.Figure:
-    """Bytes rank 0 sent in the last step, stacked by collective, beside the paper's."""
+    """Bytes rank 0 sent in the last step, stacked by collective, beside the paper's
+    volume as a ring moves it (its (N-1)/N factor included), each bar labelled."""
     fig, ax = plt.subplots(figsize=(6.5, 4))
     xs = list(range(len(logs)))
     steps = [final["ranks"][0]["comm_last_step"] for _, _, final in logs]
     kinds = sorted({k for s in steps for k in s} - set(COPIES))
     bottom = [0.0] * len(logs)
     for kind in kinds:
-        mib = [s.get(kind, {}).get("sent_bytes", 0) / 2**20 for s in steps]
-        ax.bar([x - 0.2 for x in xs], mib, width=0.4, bottom=bottom, label=kind)
-        bottom = [b + m for b, m in zip(bottom, mib, strict=True)]
-    paper = [final["paper_sent_bytes"] / 2**20 for _, _, final in logs]
-    ax.bar([x + 0.2 for x in xs], paper, width=0.4, color="0.6", label="paper, Sec. 7")
+        sent = [s.get(kind, {}).get("sent_bytes", 0) for s in steps]
+        ax.bar([x - 0.2 for x in xs], sent, width=0.4, bottom=bottom, label=kind)
+        bottom = [b + m for b, m in zip(bottom, sent, strict=True)]
+    paper = [final["paper_sent_bytes"] for _, _, final in logs]
+    world = logs[0][2]["world_size"]
+    label = f"paper, Sec. 7, as a ring moves it (N = {world})"
+    ax.bar([x + 0.2 for x in xs], paper, width=0.4, color="0.6", label=label)
+    for x, value, (_, _, final) in zip(xs, paper, logs, strict=True):
+        text = f"{paper_volume_label(final)}\n{value:,.0f} B"
+        ax.annotate(text, (x + 0.2, value), ha="center", va="bottom", fontsize=6)
     ax.set_xticks(xs, [f"stage {final['stage']}" for _, _, final in logs])
-    ax.set_ylim(0, 1.25 * max(*bottom, *paper))
-    ax.set(ylabel="MiB sent by rank 0 in the last step", title="communication per step")
+    ax.set_ylim(0, 1.35 * max(*bottom, *paper))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.set(ylabel="bytes sent by rank 0 in the last step", title="communication per step")
     ax.legend(fontsize=7, ncol=3, loc="upper left")
+    fig.tight_layout()
     return fig
 
 

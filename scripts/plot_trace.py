@@ -1,12 +1,15 @@
 """Draw one training step of --trace files as timelines, one row of lanes per file.
 
-    python scripts/plot_trace.py runs/trace_stage*.json --out docs/img/stages_timeline.png
+    python scripts/plot_trace.py runs/trace_stage*.json --median --out docs/img/stages_timeline.png
     python scripts/plot_trace.py runs/trace_fp16.json:3 runs/trace_fp16.json:4 --out f.png
 
 For each trace (a run of `python -m zero_ref.train --trace FILE`), rank 0's last
-step, or with FILE:N the run's step N (a resumed run's trace starts after step 1),
+step, or with FILE:N the run's step N (a resumed run's trace starts after step 1), or with
+FILE:median (--median: every FILE without a step) the step of median length after 5
+warm-up steps (the benchmarks' statistic),
 or with ":optimizer"
-after either only that step's optimizer step, on its own time scale: its units'
+after either only that step's optimizer step, on its own time scale (the whole
+step's panel then leaves the offload lanes to it): its units'
 forward and backward (lane "compute"), its collectives, colored by kind, with their
 bytes in the title (lane "collectives"), and the optimizer step (lane "optimizer").
 Lanes only some runs have are drawn when a trace holds them: host<->device copies
@@ -17,7 +20,8 @@ or a resume's reads before step 1). With a --log-jsonl log beside the trace
 (FILE.jsonl for FILE.json) the title says the step's loss scale and whether it was
 skipped.
 
-Times are from the start of that step. --order draws the events in the order they
+Times are from the start of that step; whole steps share one time axis, and
+each title gives its step's length. --order draws the events in the order they
 began, one slot each, instead of by time: for numba-cuda's simulator, where a kernel
 takes seconds and a copy microseconds. Every figure is checked for anything drawn
 outside its axes before it is saved (scripts/plot_run.py).
@@ -64,16 +68,45 @@ SWAP_COLORS = {"swap reads": "navy", "adamw sub-groups": "darkorange", "swap wri
 IO_COLORS = {**SWAP_COLORS, "checkpoint": "sienna"}
 
 
-def parse_spec(spec: str) -> tuple[Path, int | None, bool]:
-    """A spec FILE, FILE:N, FILE:optimizer or FILE:N:optimizer as (the trace, the run's
-    step N or None for the last, whether to draw the optimizer step alone)."""
+WARMUP_STEPS = 5  # left out of :median, as scripts/bench_train.py leaves them out
+
+
+def parse_spec(spec: str) -> tuple[Path, int | str | None, bool]:
+    """A spec FILE, FILE:N, FILE:median, FILE:optimizer or FILE:N:optimizer as (the
+    trace, the run's step N, "median" or None for the last, whether to draw the
+    optimizer step alone)."""
     rest, zoom = spec, spec.endswith(":optimizer")
     if zoom:
         rest = spec[: -len(":optimizer")]
     path, _, step = rest.rpartition(":")
     if path and step.isdigit():
         return Path(path), int(step), zoom
+    if path and step == "median":
+        return Path(path), step, zoom
     return Path(rest), None, zoom
+
+
+def median_spec(spec: str) -> str:
+    """FILE as FILE:median, FILE:optimizer as FILE:median:optimizer; a step given stays."""
+    path, step, zoom = parse_spec(spec)
+    return spec if step is not None else f"{path}:median" + (":optimizer" if zoom else "")
+
+
+def median_step(events: list[dict], rank: int = 0) -> int:
+    """The run's step of median length on `rank`, after WARMUP_STEPS: the typical step,
+    as the benchmarks' medians are (a step's length: from the previous optimizer step's
+    end to its own)."""
+    ends = sorted(
+        (e["ts"] + e["dur"], int(e["name"].split()[-1]))
+        for e in events
+        if e.get("pid") == rank and e.get("ph") == "X" and e["cat"] == "optimizer"
+    )
+    lengths = sorted(
+        (b[0] - a[0], b[1]) for a, b in zip(ends, ends[1:], strict=False) if b[1] > WARMUP_STEPS
+    )
+    if not lengths:
+        raise SystemExit(f"median: the trace has no step after the {WARMUP_STEPS} warm-up steps")
+    return lengths[(len(lengths) - 1) // 2][1]
 
 
 def step_events(
@@ -143,25 +176,28 @@ def bar_span(e: dict, row: int, subs: dict[int, tuple[int, int]]) -> tuple[float
     return row - 0.35 + 0.7 * sub / count, 0.7 / count
 
 
-def draw(ax, events: list[dict], start: float, order: bool = False) -> dict[str, dict]:
-    """The lanes of one step on ax; returns its bytes: "sent" per collective kind,
-    "copied" per copy kind, "swap" read and written, "checkpoint" per verb (write,
-    verify, read)."""
+def draw(
+    ax, events: list[dict], start: float, order: bool = False, hidden: tuple[str, ...] = ()
+) -> dict[str, dict]:
+    """The lanes of one step on ax but the `hidden` ones (drawn in a zoomed panel);
+    returns its bytes, hidden lanes included: "sent" per collective kind, "copied" per
+    copy kind, "swap" read and written, "checkpoint" per verb (write, verify, read)."""
     moved = {k: defaultdict(int) for k in ("sent", "copied", "swap", "checkpoint")}
-    lanes = [lane for lane in LANES if any(e["cat"] == lane for e in events)]
+    lanes = [lane for lane in LANES if lane not in hidden and any(e["cat"] == lane for e in events)]
     rows = {lane: row for row, lane in enumerate(lanes)}
     right = 0.0
     bars = placed(events, start, order)
     edges = {"edgecolor": "white", "linewidth": 1.0} if order else {}  # slots apart
     subs = sub_rows(bars)
     for e, x, width in bars:
-        bottom, height = bar_span(e, rows[e["cat"]], subs)
-        ax.broken_barh([(x, width)], (bottom, height), color=color_of(e), **edges)
-        if "sub_group" in e["args"]:  # which sub-group, as bench_offload.py labels them
-            where = (x + width / 2, bottom + height / 2)
-            label = str(e["args"]["sub_group"])
-            ax.annotate(label, where, ha="center", va="center", size=6, color="white")
-        right = max(right, x + width)
+        if e["cat"] in rows:
+            bottom, height = bar_span(e, rows[e["cat"]], subs)
+            ax.broken_barh([(x, width)], (bottom, height), color=color_of(e), **edges)
+            if "sub_group" in e["args"]:  # which sub-group, as bench_offload.py labels them
+                where = (x + width / 2, bottom + height / 2)
+                label = str(e["args"]["sub_group"])
+                ax.annotate(label, where, ha="center", va="center", size=6, color="white")
+            right = max(right, x + width)
         if e["cat"] == "collectives":
             moved["sent"][e["name"]] += e["args"].get("sent_bytes", 0)
         elif e["cat"] == "copies":
@@ -190,8 +226,17 @@ def listed(nbytes: dict[str, int]) -> str:
     return ", ".join(f"{kind} {n:,} B" for kind, n in sorted(nbytes.items()))
 
 
-def title(path: Path, step: int | None, zoom: bool, moved: dict[str, dict]) -> str:
-    which = "last step" if step is None else f"step {step}"
+def title(
+    path: Path,
+    step: int | None,
+    zoom: bool,
+    moved: dict[str, dict],
+    span_ms: float | None = None,
+    median: bool = False,
+) -> str:
+    which = "last step" if step is None else f"{'median ' if median else ''}step {step}"
+    if span_ms is not None:
+        which += f" ({span_ms:.1f} ms)"
     if zoom:
         which = f"the optimizer in its {which}"
     record = step_record(path, step)
@@ -209,41 +254,80 @@ def title(path: Path, step: int | None, zoom: bool, moved: dict[str, dict]) -> s
     return "\n".join(lines)
 
 
+COMPUTE_COLORS = {"forward": "tab:cyan", "backward": "tab:olive", "optimizer step": "0.3"}
+
+
 def legend_entries(events: list[dict]) -> dict[str, str]:
-    """Label -> color of every kind of bar drawn but the compute and optimizer lanes'."""
+    """Label -> color of every kind of bar drawn: forward, backward, the optimizer step,
+    each collective and copy kind, each I/O lane."""
     entries = {}
     for e in events:
-        if e["cat"] in ("collectives", "copies"):
+        if e["cat"] == "compute":
+            kind = "forward" if e["name"].startswith("forward") else "backward"
+            entries[kind] = COMPUTE_COLORS[kind]
+        elif e["cat"] == "optimizer":
+            entries["optimizer step"] = COMPUTE_COLORS["optimizer step"]
+        elif e["cat"] in ("collectives", "copies"):
             entries[e["name"]] = color_of(e)
         elif e["cat"] in IO_COLORS:
             entries[e["cat"]] = IO_COLORS[e["cat"]]
     return entries
 
 
+def zoomed_lanes(drawn: list[tuple[Path, int | None, bool]], i: int) -> tuple[str, ...]:
+    """The lanes panel i leaves to a zoomed panel of the same step: the offloaded
+    optimizer's sub-group lanes, which would be squeezed into its last milliseconds."""
+    path, step, zoom = drawn[i]
+    if not zoom and any(z and (p, s) == (path, step) for p, s, z in drawn):
+        return tuple(SWAP_COLORS)
+    return ()
+
+
 def figure(specs: list[str], order: bool = False) -> tuple[plt.Figure, dict]:
-    """The figure of one step per spec (parse_spec), and the bytes it shows per spec."""
-    drawn = [parse_spec(s) for s in specs]
-    steps = []
-    for path, step, zoom in drawn:
+    """The figure of one step per spec (parse_spec), and the bytes it shows per spec.
+
+    Whole steps drawn by time share one time axis (the longest step's), so their
+    lengths compare; a zoomed optimizer step has its own, labelled so."""
+    drawn, steps, medians = [parse_spec(s) for s in specs], [], set()
+    for i, (path, step, zoom) in enumerate(drawn):
         events = json.loads(path.read_text())["traceEvents"]
+        if step == "median":
+            step = median_step(events)
+            drawn[i], _ = (path, step, zoom), medians.add(i)
         steps.append(step_events(events, step, zoom))
-    heights = [0.6 + 0.45 * len({e["cat"] for e in ev}) for ev, _ in steps]
+    hidden = [zoomed_lanes(drawn, i) for i in range(len(drawn))]
+    lanes = [{e["cat"] for e in ev} - set(h) for (ev, _), h in zip(steps, hidden, strict=True)]
+    heights = [0.6 + 0.45 * len(cats) for cats in lanes]
     fig, axes = plt.subplots(
         len(drawn), 1, figsize=(10, sum(heights) + 0.6), squeeze=False,
         gridspec_kw={"height_ratios": heights},
     )  # fmt: skip
-    summary, entries = {}, {}
-    for ax, (path, step, zoom), (events, start) in zip(axes[:, 0], drawn, steps, strict=True):
-        moved = draw(ax, events, start, order)
-        ax.set_title(title(path, step, zoom, moved), fontsize=8)
+    summary, entries, shared = {}, {}, []
+    for i, (ax, (path, step, zoom), (events, start)) in enumerate(
+        zip(axes[:, 0], drawn, steps, strict=True)
+    ):
+        moved = draw(ax, events, start, order, hidden[i])
+        span = None if order else max(e["ts"] + e["dur"] for e in events) / 1e3 - start / 1e3
+        text = title(path, step, zoom, moved, span, median=i in medians)
+        if hidden[i]:
+            text += "\n(its optimizer step's swap and AdamW lanes: the panel below)"
+        ax.set_title(text, fontsize=8)
         if zoom:
-            ax.set_xlabel("ms into the optimizer step", fontsize=8)
-        summary[f"{path.stem}:{step or 'last'}{':optimizer' if zoom else ''}"] = moved
-        entries.update(legend_entries(events))
+            ax.set_xlabel("ms into the optimizer step (its own scale)", fontsize=8)
+        elif not order:
+            shared.append(ax)
+        label = "median" if i in medians else step or "last"
+        summary[f"{path.stem}:{label}{':optimizer' if zoom else ''}"] = moved
+        entries.update(legend_entries([e for e in events if e["cat"] not in hidden[i]]))
+    right = max((ax.get_xlim()[1] for ax in shared), default=0.0)
+    for ax in shared:
+        ax.set_xlim(0, right)  # one time scale for every whole step
     unit = "events in the order they began (one slot each)" if order else "ms into the step"
+    if len(shared) > 1:
+        unit += ", one scale for every panel"
     if not drawn[-1][2]:  # a zoomed panel has its own label
-        axes[-1, 0].set_xlabel(f"{unit} (forward: cyan, backward: olive)")
-    known = [*COLORS, *COPY_COLORS, *IO_COLORS, *entries]  # the legend in this order
+        axes[-1, 0].set_xlabel(unit)
+    known = [*COMPUTE_COLORS, *COLORS, *COPY_COLORS, *IO_COLORS, *entries]  # legend order
     entries = {k: entries[k] for k in dict.fromkeys(known) if k in entries}
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in entries.values()]
     fig.legend(handles, list(entries), loc="upper right", ncol=min(len(entries), 6), fontsize=7)
@@ -257,12 +341,15 @@ def main() -> None:
     p.add_argument(
         "traces",
         nargs="+",
-        help="FILE (its last step), FILE:N (step N); :optimizer after either: that alone",
+        help="FILE (its last step), FILE:N (step N), FILE:median (the median step after "
+        "5 warm-up steps); :optimizer after any: that optimizer step alone",
     )
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--order", action="store_true", help="x: the events' order, not time")
+    p.add_argument("--median", action="store_true", help="FILE alone means FILE:median")
     a = p.parse_args()
-    fig, summary = figure(a.traces, a.order)
+    specs = [median_spec(t) if a.median else t for t in a.traces]
+    fig, summary = figure(specs, a.order)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     save(fig, a.out)
     print(json.dumps({"written": str(a.out), "bytes": summary}))

@@ -33,7 +33,7 @@ FULL = {
         "allgather_bucket_size": 5e8,
         "overlap_comm": True,
         "contiguous_gradients": True,
-        "offload_optimizer": {"device": "cpu"},
+        "offload_optimizer": {"device": "none", "pin_memory": True},
         "offload_param": {"device": "none"},
         "sub_group_size": 1e9,
         "stage3_prefetch_bucket_size": 1e6,
@@ -69,7 +69,7 @@ def test_every_key_maps(tmp_path):
     assert "offload_param" not in notes  # device "none" asks for nothing
     assert "fp16" not in notes and "bf16" not in notes  # both implemented
     assert z.precision == "bf16"
-    assert z.sub_group_size == 10**9 and z.offload_optimizer == "none"  # device cpu: noted
+    assert z.sub_group_size == 10**9 and z.offload_optimizer == "none"  # pin_memory: noted
 
 
 def test_flags_override_the_file(tmp_path):

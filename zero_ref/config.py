@@ -2,7 +2,9 @@
 
 Frozen dataclasses: every field is checked in __post_init__ and a bad value
 raises ValueError naming the field, the value and what is allowed. Argparse
-and JSON live at the command-line edge (zero_ref.train), not here.
+and JSON live at the command-line edge (zero_ref.train), not here: the flags and
+DeepSpeed keys that feed these fields are rows of zero_ref.app.settings, which take
+these defaults unless they say why not (lr, clip, grad_accum: docs/flags.md).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ OPTIMIZER_OFFLOAD = (*OFFLOAD_DEVICES, "cpu")  # cpu: ZeRO-Offload, the GPU path
 # fewer calls and faster steps for more staging memory (measured: docs/benchmarks.md).
 DEFAULT_BUCKET_NUMEL = 8192
 DEVICES = ("cpu", "gpu")  # where the engine's arrays live (docs/gpu.md)
-CUDA_AWARE_CHOICES = ("auto", "yes", "no")
+CUDA_AWARE_CHOICES = ("auto", "yes", "no")  # ask the MPI library, or say (gpu/mpi_support.py)
 
 
 def _require(ok: bool, name: str, value: object, allowed: str) -> None:
@@ -36,7 +38,9 @@ def _finite(x: object) -> bool:
 
 @dataclass(frozen=True)
 class AdamWConfig:
-    """Hyperparameters of AdamW, with the meaning torch.optim.AdamW gives them."""
+    """Hyperparameters of AdamW, with the meaning and the defaults torch.optim.AdamW
+    gives them. The command line's --lr default is 3e-3 instead, the peak of its
+    schedule for its small default models (warmup, then cosine decay for gpt)."""
 
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.999)
@@ -66,11 +70,14 @@ class ZeroConfig:
 
     stage         0 = plain data parallel, 1 = + optimizer state sharded,
                   2 = + gradients sharded, 3 = + parameters sharded.
-    bucket_numel  elements per gradient reduce-scatter bucket (stages 1-3); the one
+    bucket_numel  elements per gradient bucket: stage 0's allreduce chunks, stage 1's
+                  reduce-scatter after backward, stages 2-3's during backward; the one
                   default, DEFAULT_BUCKET_NUMEL, is the command line's and
                   docs/configs' too (what a bucket trades: docs/benchmarks.md).
-    grad_accum    micro-steps whose gradients are summed before one update.
-    clip          max global gradient norm, or None for no clipping.
+    grad_accum    micro-steps whose gradients are summed before one update (the
+                  command line derives it from the batch sizes).
+    clip          max global gradient norm, or None for no clipping (the default;
+                  the command line's --clip is 1.0, and its 0 is None here).
     deterministic reduce in rank order so results are bitwise those of the
                   single-rank oracle (see docs/determinism.md).
     nonfinite     a NaN/Inf gradient: "raise" an error naming the parameter, or

@@ -11,7 +11,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from zero_ref.app.output_paths import check_output_file
+from zero_ref.app.output_paths import (
+    check_output_file,
+    check_outside_checkpoints,
+    checkpoint_folders,
+)
 from zero_ref.app.process_memory import resident_bytes
 from zero_ref.checkpoint.consolidate import WINDOW_NUMEL, consolidate
 from zero_ref.checkpoint.manifest import CheckpointError
@@ -47,13 +51,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"consolidate: {args.out}: the output must be a .safetensors file", file=sys.stderr)
         return 2
     try:
-        check_output_file("OUT", Path(args.out), (".safetensors",))  # before any reading
+        out = Path(args.out)
+        check_output_file("OUT", out, (".safetensors",))  # before any reading
+        check_outside_checkpoints("OUT", out, checkpoint_folders(args.checkpoint, args.checkpoint))
         checkpoint = Checkpoint(args.checkpoint)
         try:
             done = consolidate(checkpoint, args.out, args.optimizer_states, args.window)
         finally:
             checkpoint.close()
-    except (CheckpointError, ValueError, OSError) as e:
+    except (CheckpointError, ValueError, OSError) as e:  # UsageError is a ValueError
         print(f"consolidate: {e}", file=sys.stderr)
         return 2
     record = {

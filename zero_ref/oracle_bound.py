@@ -141,19 +141,30 @@ class Violation:
 def worst_violation(
     buffer: str, engine: np.ndarray, oracle: np.ndarray, bound: np.ndarray | None
 ) -> Violation | None:
-    """The worst element outside `bound` (None: bitwise), or None if all are inside."""
-    if bound is None:
-        outside = engine.view(np.uint32) != oracle.view(np.uint32)
-        excess = np.where(outside, np.abs(engine.astype(np.float64) - oracle), -1.0)
-    else:
+    """The worst element outside `bound` (None: bitwise), or None if all are inside.
+    A NaN or Inf that the other side does not share is outside any bound, even a
+    non-finite one (an oracle NaN makes its own bound NaN there)."""
+    with np.errstate(invalid="ignore"):  # Inf - Inf: the same Inf on both sides
         diff = np.abs(engine.astype(np.float64) - oracle.astype(np.float64))
-        diff[np.isnan(engine) != np.isnan(oracle)] = np.inf
-        excess = np.where(diff > bound, diff - bound, -1.0)
+        if bound is None:
+            outside = engine.view(np.uint32) != oracle.view(np.uint32)
+            excess = np.where(outside, diff, -1.0)
+        else:
+            excess = np.where(diff > bound, diff - bound, -1.0)
+    excess[_unshared_nonfinite(engine, oracle)] = np.inf
     if excess.size == 0 or excess.max() < 0:
         return None
     i = int(np.argmax(excess))
     allowed = 0.0 if bound is None else float(bound[i])
     return Violation(buffer, i, float(engine[i]), float(oracle[i]), allowed)
+
+
+def _unshared_nonfinite(engine: np.ndarray, oracle: np.ndarray) -> np.ndarray:
+    """Elements non-finite on either side and not the same value on both (NaN and NaN,
+    or the same Inf, are shared)."""
+    nonfinite = ~(np.isfinite(engine) & np.isfinite(oracle))
+    same = (engine == oracle) | (np.isnan(engine) & np.isnan(oracle))
+    return nonfinite & ~same
 
 
 def largest_ratio(engine: np.ndarray, oracle: np.ndarray, bound: np.ndarray) -> float:

@@ -120,7 +120,7 @@ def train(parsed: Parsed, mpi_comm) -> None:
     log = open_log(run, comm.rank == 0, progress, first if checkpoint else None)
     if checkpoint:
         announce_resume(checkpoint, parsed, comm.size, tokens, loaded, progress, log)
-    saver = Saver(parsed, engine, tokens, progress, log)
+    saver = Saver(parsed, engine, tokens, progress, log, first)  # checks the room for a save
     if trace is not None:  # from the first step on: units, collectives, the update, saves
         attach_trace(trace, engine, comm)
     last = min(run.steps, run.stop_at_step or run.steps)

@@ -2,16 +2,19 @@
 --config file) -> validated, frozen configs.
 
 Precedence: built-in defaults < per-model defaults < --config file < flags given
-on the command line.
+on the command line. Every setting, its default and range, and the config field it
+becomes, is one row of zero_ref.app.settings; this module merges and checks them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from zero_ref.app.cli_flags import DEFAULTS, MODEL_DEFAULTS, UsageError, build_parser
 from zero_ref.app.ds_config import ParsedConfig, load_config
+from zero_ref.app.setting import fed
+from zero_ref.app.settings import SETTINGS
 from zero_ref.config import AdamWConfig, ZeroConfig
 from zero_ref.optim.loss_scale import LossScaleConfig
 from zero_ref.optim.lr_schedule import LRSchedule
@@ -74,8 +77,7 @@ def parse_args(argv: Sequence[str] | None, world_size: int = 1, rank: int = 0) -
     )
     zero = _zero_config(s)
     schedule = _schedule(s)
-    run_fields = {f.name for f in fields(RunConfig)} - {"lr_schedule"}
-    run = RunConfig(**{k: s[k] for k in run_fields}, lr_schedule=schedule)
+    run = RunConfig(**fed(s, "RunConfig", SETTINGS), lr_schedule=schedule)
     notes = [
         f"config: warning: {k} is accepted but not implemented yet; it has no effect"
         for k in file.not_implemented
@@ -122,33 +124,18 @@ def resolve_batch(
     return batch, micro, accum
 
 
-POSITIVE = (
-    "steps",
-    "log_every",
-    "context",
-    "d_embed",
-    "d_hidden",
-    "n_layer",
-    "n_head",
-    "d_model",
-    "bucket_numel",
-    "grad_accum",
-    "batch_size",
-    "micro_batch_size",
-    "save_every",
-    "keep_last",
-    "stop_at_step",
-)
-NON_NEGATIVE = ("seed", "sample_chars", "clip", "warmup_steps", "min_lr")
+# The settings whose lower bound the command line checks itself (the rest are checked
+# by the config dataclass they feed, whose message names the field); >= 1 ones first.
+RANGED = tuple(sorted((x for x in SETTINGS if x.cli_range and x.minimum is not None),
+                      key=lambda x: -x.minimum))  # fmt: skip
+POSITIVE = tuple(x.dest for x in RANGED if x.minimum == 1)
+NON_NEGATIVE = tuple(x.dest for x in RANGED if x.minimum == 0)
 
 
 def _check_ranges(s: dict) -> None:
-    for k in POSITIVE:
-        if s[k] is not None and s[k] < 1:
-            raise UsageError(f"--{k.replace('_', '-')} {s[k]} is not allowed: it must be >= 1")
-    for k in NON_NEGATIVE:
-        if s[k] is not None and s[k] < 0:
-            raise UsageError(f"--{k.replace('_', '-')} {s[k]} is not allowed: it must be >= 0")
+    for x in RANGED:
+        if s[x.dest] is not None and s[x.dest] < x.minimum:
+            raise UsageError(f"{x.option} {s[x.dest]} is not allowed: it must be >= {x.minimum}")
 
 
 def _check_checkpoint_flags(s: dict) -> None:
@@ -168,47 +155,22 @@ def _check_checkpoint_flags(s: dict) -> None:
 
 
 def _zero_config(s: dict) -> ZeroConfig:
+    """ZeroConfig (with its AdamWConfig and LossScaleConfig) from the settings that feed
+    their fields; a value the dataclass refuses is a UsageError with its message."""
     try:
-        optimizer = AdamWConfig(
-            lr=s["lr"], betas=s["betas"], eps=s["eps"], weight_decay=s["weight_decay"]
-        )
-        return ZeroConfig(
-            stage=s["stage"],
-            bucket_numel=s["bucket_numel"],
-            grad_accum=s["grad_accum"],
-            clip=s["clip"] or None,
-            deterministic=s["deterministic"],
-            optimizer=optimizer,
-            nonfinite=s["nonfinite"],
-            check_schedule=s["check_schedule"],
-            checkpoint_activations=s["checkpoint_activations"],
-            precision=s["precision"],
-            loss_scale=LossScaleConfig(**{f.name: s[f.name] for f in fields(LossScaleConfig)}),
-            grad_accum_dtype=_accum_dtype(s),
-            communication_data_type=s["communication_data_type"],
-            offload_optimizer=s["offload_optimizer"],
-            offload_param=s["offload_param"],
-            nvme_path=s["nvme_path"],
-            sub_group_size=s["sub_group_size"],
-            buffer_count=s["buffer_count"],
-            device=s["device"],
-            cuda_aware_mpi=s["cuda_aware_mpi"],
-        )
+        optimizer = AdamWConfig(**fed(s, "AdamWConfig", SETTINGS))
+        loss_scale = LossScaleConfig(**fed(s, "LossScaleConfig", SETTINGS))
+        engine = fed(s, "ZeroConfig", SETTINGS)
+        return ZeroConfig(**engine, optimizer=optimizer, loss_scale=loss_scale)
     except ValueError as e:
         raise UsageError(f"bad value: {e}") from e
 
 
-def _accum_dtype(s: dict) -> str | None:
-    """--grad-accum-dtype naming the precision itself is its default (None)."""
-    accum = s["grad_accum_dtype"]
-    return None if accum == s["precision"] else accum
-
-
 def _schedule(s: dict) -> LRSchedule:
-    warmup = s["warmup_steps"]
-    if warmup is None:  # the model's default: 5% of the run, at most 50 steps
-        warmup = min(50, s["steps"] // 20)
+    schedule = fed(s, "LRSchedule", SETTINGS)
+    if schedule["warmup_steps"] is None:  # the model's default: 5% of the run, at most 50
+        schedule["warmup_steps"] = min(50, s["steps"] // 20)
     try:
-        return LRSchedule(s["lr"], s["steps"], warmup, s["lr_schedule"], s["min_lr"])
+        return LRSchedule(s["lr"], s["steps"], **schedule)
     except ValueError as e:
         raise UsageError(f"bad value: {e}") from e

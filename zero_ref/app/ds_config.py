@@ -1,11 +1,13 @@
 """DeepSpeed-style JSON configs, read into zero_ref's own settings.
 
 Every key DeepSpeed users write that means something here is mapped onto a
-command-line setting (the flags override the file). Keys we accept but do not
-implement yet are reported by name; real DeepSpeed keys that mean nothing here
-(logging, profilers, switches for things zero_ref always does) are reported as
-"accepted, no effect here"; unknown keys get a warning naming them; a wrong
-type or value is an error naming the key, the value and what is allowed.
+command-line setting (the flags override the file): the setting's row in
+zero_ref.app.settings names its keys and how their values are read (DS_KEYS).
+Keys we accept but do not implement yet are reported by name; real DeepSpeed
+keys that mean nothing here (logging, profilers, switches for things zero_ref
+always does) are reported as "accepted, no effect here"; unknown keys get a
+warning naming them; a wrong type or value is an error naming the key, the
+value and what is allowed.
 Nothing is silently ignored.
 """
 
@@ -16,9 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zero_ref.app.ds_values import ConfigError
+from zero_ref.app.ds_values import boolean as _bool
+from zero_ref.app.ds_values import integer as _integer
+from zero_ref.app.ds_values import section as _section
+from zero_ref.app.settings import DS_KEYS
 
-class ConfigError(ValueError):
-    """A config key with a wrong type or value."""
+__all__ = ["DS_KEYS", "ConfigError", "ParsedConfig", "load_config", "parse_config"]
 
 
 @dataclass
@@ -29,65 +35,21 @@ class ParsedConfig:
     unknown: list[str] = field(default_factory=list)  # warned about
 
 
-def _int(key: str, v: Any, minimum: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ConfigError(f"config {key} = {v!r}: must be an integer >= {minimum}")
-    return v
+def _known(name: str, key: str) -> bool:
+    """Is name (key in its section) one a setting reads? A dotted key is not: written
+    inside one object, "a.b" is one odd name, not a path."""
+    return "." not in key and name in DS_KEYS
 
 
-def _num(key: str, v: Any, minimum: float = 0.0) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= minimum:
-        raise ConfigError(f"config {key} = {v!r}: must be a number >= {minimum}")
-    return float(v)
+def _set(out: ParsedConfig, key: str, value: Any) -> None:
+    """A key one setting reads (DS_KEYS: its row in zero_ref.app.settings names the key
+    and its parser); a parser's None asks for nothing (a null dtype, a disabled block)."""
+    setting = DS_KEYS[key]
+    parsed = setting.parse_ds(key, value)
+    if parsed is not None:
+        out.settings[setting.dest] = parsed
 
 
-def _beta(key: str, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
-        raise ConfigError(f"config {key} = {v!r}: must be a number in [0, 1)")
-    return float(v)
-
-
-def _bool(key: str, v: Any) -> bool:
-    if not isinstance(v, bool):
-        raise ConfigError(f"config {key} = {v!r}: must be true or false")
-    return v
-
-
-def _section(key: str, v: Any) -> dict:
-    if not isinstance(v, dict):
-        raise ConfigError(f"config {key} = {v!r}: must be an object {{...}}")
-    return v
-
-
-def _one_of(*allowed: str):
-    def check(key: str, v: Any) -> str:
-        if v not in allowed:
-            raise ConfigError(f"config {key} = {v!r}: allowed are {', '.join(allowed)}")
-        return v
-
-    return check
-
-
-TOP_LEVEL = {
-    "train_batch_size": ("batch_size", _int),
-    "train_micro_batch_size_per_gpu": ("micro_batch_size", _int),
-    "gradient_accumulation_steps": ("grad_accum", _int),
-    "gradient_clipping": ("clip", lambda k, v: _num(k, v, 0.0)),
-    "seed": ("seed", lambda k, v: _int(k, v, 0)),
-    # zero_ref's own keys (DeepSpeed picks the device from the launcher): docs/gpu.md
-    "device": ("device", _one_of("cpu", "gpu")),
-    "cuda_aware_mpi": ("cuda_aware_mpi", _one_of("auto", "yes", "no")),
-}
-OPTIMIZER_PARAMS = {
-    "lr": lambda k, v: _num(k, v, 0.0),
-    "eps": lambda k, v: _num(k, v, 0.0),
-    "weight_decay": lambda k, v: _num(k, v, 0.0),
-}
-ZERO_IMPLEMENTED = {
-    "stage": ("stage", lambda k, v: _stage(k, v)),
-    "reduce_bucket_size": ("bucket_numel", _int),
-    "sub_group_size": ("sub_group_size", lambda k, v: _int(k, _whole(k, v))),
-}
 ZERO_NOT_YET = (
     "allgather_bucket_size",
     "overlap_comm",
@@ -126,12 +88,6 @@ ZERO_NO_EFFECT = (
 )
 
 
-def _stage(key: str, v: Any) -> int:
-    if isinstance(v, bool) or v not in (0, 1, 2, 3):
-        raise ConfigError(f"config {key} = {v!r}: must be one of 0, 1, 2, 3")
-    return v
-
-
 def load_config(path: str | Path) -> ParsedConfig:
     """Read and map a DeepSpeed-style JSON file."""
     path = Path(path)
@@ -147,9 +103,8 @@ def load_config(path: str | Path) -> ParsedConfig:
 def parse_config(raw: dict) -> ParsedConfig:
     out = ParsedConfig()
     for key, value in raw.items():
-        if key in TOP_LEVEL:
-            dest, check = TOP_LEVEL[key]
-            out.settings[dest] = check(key, value)
+        if _known(key, key):
+            _set(out, key, value)
         elif key == "optimizer":
             _optimizer(_section(key, value), out)
         elif key == "zero_optimization":
@@ -158,9 +113,6 @@ def parse_config(raw: dict) -> ParsedConfig:
             _precision(key.replace("bfloat16", "bf16"), _section(key, value), out)
         elif key == "data_types":
             _data_types(_section(key, value), out)
-        elif key == "communication_data_type":
-            if value is not None:
-                out.settings[key] = _data_type(key, value)
         elif key == "prescale_gradients":
             if _bool(key, value):  # divide before the sum: other rounding than zero_ref's
                 out.not_implemented.append(f"{key} = true (zero_ref divides after the sum)")
@@ -172,23 +124,7 @@ def parse_config(raw: dict) -> ParsedConfig:
             out.no_effect.append(key)
         else:
             out.unknown.append(key)
-    _resolve_cpu_offload(out)
     return out
-
-
-def _resolve_cpu_offload(out: ParsedConfig) -> None:
-    """offload_optimizer.device cpu is ZeRO-Offload with "device": "gpu"; on the CPU path
-    the optimizer state is in RAM already, so there it only gets a note."""
-    name = out.settings.pop("offload_optimizer_cpu", None)
-    if name is None:
-        return
-    if out.settings.get("device") == "gpu":
-        out.settings["offload_optimizer"] = "cpu"
-    else:
-        out.not_implemented.append(
-            f'{name} = cpu (ZeRO-Offload is the GPU path\'s, with "device": "gpu"; '
-            "on the CPU path the state is in RAM already)"
-        )
 
 
 def _checkpoint(section: dict, out: ParsedConfig) -> None:
@@ -231,12 +167,8 @@ def _optimizer(section: dict, out: ParsedConfig) -> None:
 def _optimizer_params(params: dict, out: ParsedConfig) -> None:
     for key, value in params.items():
         name = f"optimizer.params.{key}"
-        if key in OPTIMIZER_PARAMS:
-            out.settings[key] = OPTIMIZER_PARAMS[key](name, value)
-        elif key == "betas":
-            if not (isinstance(value, list) and len(value) == 2):
-                raise ConfigError(f"config {name} = {value!r}: must be a list [beta1, beta2]")
-            out.settings["betas"] = tuple(_beta(f"{name}[{i}]", b) for i, b in enumerate(value))
+        if _known(name, key):
+            _set(out, name, value)
         elif key == "adam_w_mode":
             # DeepSpeed's "Adam" defaults to decoupled weight decay (AdamW); that is ours.
             if _bool(name, value) is False:
@@ -248,9 +180,8 @@ def _optimizer_params(params: dict, out: ParsedConfig) -> None:
 def _zero(section: dict, out: ParsedConfig) -> None:
     for key, value in section.items():
         name = f"zero_optimization.{key}"
-        if key in ZERO_IMPLEMENTED:
-            dest, check = ZERO_IMPLEMENTED[key]
-            out.settings[dest] = check(name, value)
+        if _known(name, key):
+            _set(out, name, value)
         elif key in ("offload_optimizer", "offload_param"):
             _offload(key, _section(name, value), out)
         elif key in ZERO_ALWAYS_ON:
@@ -276,27 +207,18 @@ OFFLOAD_NO_EFFECT = (
 
 def _offload(block: str, section: dict, out: ParsedConfig) -> None:
     """DeepSpeed's offload_optimizer / offload_param blocks: device nvme (here: swap
-    files under nvme_path); device cpu is the GPU path's; buffer_count is the
-    optimizer pool's size (the parameters need no pool: one unit at a time)."""
+    files under nvme_path); offload_optimizer's device cpu is --offload-optimizer cpu,
+    ZeRO-Offload, which needs --device gpu (on the CPU path it is the same error as
+    the flag's: the state is in RAM already); buffer_count is the optimizer pool's
+    size (the parameters need no pool: one unit at a time)."""
     for key, value in section.items():
         name = f"zero_optimization.{block}.{key}"
-        if key == "device":
-            if value not in ("none", "nvme", "cpu"):
-                raise ConfigError(f"config {name} = {value!r}: allowed 'none', 'nvme', 'cpu'")
-            if value == "cpu" and block == "offload_optimizer":
-                out.settings["offload_optimizer_cpu"] = name  # resolved with "device" below
-            elif value == "cpu":
-                out.not_implemented.append(f"{name} = cpu (parameters on the CPU: not built)")
-            else:
-                out.settings[block] = value
-        elif key == "nvme_path":
-            if not isinstance(value, str) or not value:
-                raise ConfigError(f"config {name} = {value!r}: must be a folder path")
-            out.settings["nvme_path"] = value
-        elif key == "buffer_count" and block == "offload_optimizer":
-            out.settings["buffer_count"] = _int(name, value, 3)
+        if key == "device" and block == "offload_param" and value == "cpu":
+            out.not_implemented.append(f"{name} = cpu (parameters on the CPU: not built)")
+        elif _known(name, key):
+            _set(out, name, value)
         elif key in ("buffer_count", "max_in_cpu") and block == "offload_param":
-            _int(name, _whole(name, value), 0)
+            _integer(0)(name, _whole(name, value))
             out.no_effect.append(f"{name} (one unit's slice in RAM at a time, two prefetched)")
         elif key == "buffer_size":
             out.not_implemented.append(f"{name} (the pool holds sub_group_size elements each)")
@@ -320,21 +242,11 @@ def _enabled(value: Any) -> bool:
     return bool(value)
 
 
-FP16_KEYS = {  # DeepSpeed's fp16 block: its loss scaler (zero_ref/optim/loss_scale.py)
-    "loss_scale": lambda k, v: _num(k, v, 0.0),
-    "initial_scale_power": lambda k, v: _int(k, v, 0),
-    "loss_scale_window": _int,
-    "hysteresis": _int,
-    "consecutive_hysteresis": _bool,
-    "min_loss_scale": lambda k, v: _num(k, v, 0.0),
-}
 PRECISION_NO_EFFECT = (
     "auto_cast",  # the model always computes in float32 on 16-bit values
     "immediate_grad_update",  # gradients are always reduced as buckets fill
     "check_grad_overflow",  # overflow is always checked (bf16 too)
 )
-DATA_TYPES = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "float32": "fp32"}
-DATA_TYPES |= {"float16": "fp16", "bfloat16": "bf16", "half": "fp16", "float": "fp32"}
 
 
 def _precision(key: str, section: dict, out: ParsedConfig) -> None:
@@ -343,12 +255,11 @@ def _precision(key: str, section: dict, out: ParsedConfig) -> None:
     for name, value in section.items():
         full = f"{key}.{name}"
         if name == "enabled":
-            if _bool(full, value):
-                if out.settings.get("precision", key) != key:
-                    raise ConfigError("config enables both fp16 and bf16: enable one of them")
-                out.settings["precision"] = key
-        elif key == "fp16" and name in FP16_KEYS:
-            out.settings[name] = FP16_KEYS[name](full, value)
+            if _bool(full, value) and out.settings.get("precision", key) != key:
+                raise ConfigError("config enables both fp16 and bf16: enable one of them")
+            _set(out, full, value)
+        elif _known(full, name):  # the fp16 block's loss-scaler keys
+            _set(out, full, value)
         elif name in PRECISION_NO_EFFECT:
             out.no_effect.append(full)
         elif name == "fp16_master_weights_and_grads" and _bool(full, value):
@@ -357,18 +268,11 @@ def _precision(key: str, section: dict, out: ParsedConfig) -> None:
             out.unknown.append(full)
 
 
-def _data_type(key: str, v: Any) -> str:
-    if not isinstance(v, str) or v.lower() not in DATA_TYPES:
-        raise ConfigError(f"config {key} = {v!r}: allowed 'fp32', 'fp16', 'bf16'")
-    return DATA_TYPES[v.lower()]
-
-
 def _data_types(section: dict, out: ParsedConfig) -> None:
     """DeepSpeed's data_types block: grad_accum_dtype is the gradients' dtype."""
     for name, value in section.items():
         full = f"data_types.{name}"
-        if name == "grad_accum_dtype":
-            if value is not None:
-                out.settings["grad_accum_dtype"] = _data_type(full, value)
+        if _known(full, name):
+            _set(out, full, value)
         else:
             out.unknown.append(full)

@@ -14,6 +14,9 @@ mpirun. FailureGuard wraps each rank's whole job so that never happens:
   really did fail, with a barrier on its own communicator and a deadline; if a
   rank is missing it aborts instead.
 * SystemExit passes through (argparse's --help and usage errors).
+* A full disk (ENOSPC, EDQUOT, anywhere in the error's causes) is the machine's
+  state, not a bug: its line (which names the file and the bytes) comes without
+  the traceback.
 
 A rank killed from outside (SIGKILL, the OOM killer) runs no Python at all;
 there mpirun itself notices the dead process and kills the rest (measured in
@@ -24,6 +27,7 @@ through the communicator it is given.
 from __future__ import annotations
 
 import array
+import errno
 import fcntl
 import os
 import stat
@@ -36,6 +40,7 @@ from typing import NoReturn
 from zero_ref.errors import CollectiveError
 
 INPUT_ERRORS = (ValueError, FileNotFoundError)  # bad flags, configs, files: no traceback
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # no room on a disk: no traceback either
 INJECT_FAULT_ENV = "ZERO_REF_INJECT_FAULT"  # zero_ref/testing/faults.py reads it
 AGREE_TIMEOUT_S = 5.0  # how long failed ranks wait for the others before aborting
 DRAIN_TIMEOUT_S = 5.0  # the longest a failing rank waits for its message to leave the pipe
@@ -146,11 +151,22 @@ class FailureGuard:
             f"{type(error).__name__}: {error} -- aborting all {self.size} ranks\n"
         )
         detail = ""
-        if not isinstance(error, (*self.input_errors, CollectiveError)):
+        if not isinstance(error, (*self.input_errors, CollectiveError)) and not disk_full(error):
             detail = "".join(traceback.format_exception(error))
         _write_stderr(summary + detail)
         wait_until_read(2, DRAIN_TIMEOUT_S)
         time.sleep(FORWARD_GRACE_S)
+
+
+def disk_full(error: BaseException) -> bool:
+    """Is `error`, or an error it was raised from, an OSError for a full disk?"""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in DISK_FULL:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _write_stderr(text: str) -> None:

@@ -3,7 +3,10 @@
 A run that trains for an hour and then cannot write its export has lost the
 hour. So before training, every output path (--export, --log-jsonl, --save-dir)
 is checked: its folder exists (--save-dir's is made) and is writable, its
-extension is one zero_ref writes, and no two outputs share a path. A problem
+extension is one zero_ref writes, no two outputs share a path, and none is, or
+lies inside, a checkpoint the run reads (--resume) or writes (--save-dir): an
+--export over a rank file would replace it and the checkpoint would be refused
+as truncated. Paths are compared after resolving symlinks and "..". A problem
 is one UsageError (rank 0 prints it, exit 2).
 
 It also finds what a killed writer left: atomic writes go to a hidden temporary
@@ -19,6 +22,7 @@ import re
 from pathlib import Path
 
 from zero_ref.app.cli import RunConfig, UsageError
+from zero_ref.checkpoint.manifest import CheckpointError, resolve_tag
 from zero_ref.io.atomic import process_alive
 
 EXTENSIONS = {"export": (".safetensors",), "log_jsonl": (".jsonl",), "trace": (".json",)}
@@ -39,8 +43,48 @@ def check_output_paths(run: RunConfig) -> None:
     if len(set(resolved)) < len(resolved):
         flags = ", ".join(f"--{flag.replace('_', '-')}" for flag in paths)
         raise UsageError(f"two of {flags} name the same file: each needs its own")
+    read = checkpoint_folders(f"--resume {run.resume}", run.resume) if run.resume else {}
+    written = {f"--save-dir {run.save_dir}": real_path(Path(run.save_dir))} if run.save_dir else {}
+    for flag, path in paths.items():
+        check_outside_checkpoints(f"--{flag.replace('_', '-')}", path, read | written)
     if run.save_dir:
         check_save_dir(Path(run.save_dir))
+        # saving into the folder resumed from is how a run goes on; into its tag, not
+        tag = tag_folder(f"--resume {run.resume}", run.resume) if run.resume else {}
+        check_outside_checkpoints("--save-dir", Path(run.save_dir), tag)
+
+
+def checkpoint_folders(label: str, folder: str | Path) -> dict[str, Path]:
+    """The folder a checkpoint is read from, and the tag folder it names."""
+    return {label: real_path(Path(folder))} | tag_folder(label, folder)
+
+
+def tag_folder(label: str, folder: str | Path) -> dict[str, Path]:
+    """{"LABEL (tag step_N)": the tag folder `folder` names}, or {} where it names none
+    (a checkpoint that cannot be opened is reported when it is opened)."""
+    try:
+        tag = resolve_tag(folder)
+    except (CheckpointError, OSError):
+        return {}
+    return {f"{label} (tag {tag.name})": real_path(tag)}
+
+
+def check_outside_checkpoints(flag: str, path: Path, checkpoints: dict[str, Path]) -> None:
+    """UsageError if `path` is, or lies inside, one of the checkpoint folders: through
+    a symlink (of a folder on the way, or of the file itself) as well."""
+    for where in {real_path(path), real_path(path.parent) / path.name}:
+        for label, folder in checkpoints.items():
+            if where == folder or folder in where.parents:
+                raise UsageError(
+                    f"{flag} {path}: lies inside the checkpoint {label} ({where} is in "
+                    f"{folder}); writing there would destroy it: give a path outside it"
+                )
+
+
+def real_path(path: Path) -> Path:
+    """Absolute, with every symlink and ".." resolved (for paths that do not exist yet:
+    as far as they do)."""
+    return Path(os.path.realpath(path))
 
 
 def check_save_dir(folder: Path) -> None:

@@ -21,6 +21,7 @@ import numpy as np
 from zero_ref.app.cli import Parsed
 from zero_ref.checkpoint.manifest import MANIFEST, CheckpointError
 from zero_ref.checkpoint.reader import Checkpoint
+from zero_ref.checkpoint.space import FreeBytes, check_save_space, disk_free_bytes
 from zero_ref.checkpoint.writer import save_checkpoint
 from zero_ref.models.unit import Model
 from zero_ref.optim.loss_scale import LossScaleState
@@ -126,15 +127,39 @@ def announce_resume(checkpoint, parsed, world, tokens, loaded, progress, log) ->
 
 
 class Saver:
-    """--save-dir: a checkpoint after the steps asked for (a collective)."""
+    """--save-dir: a checkpoint after the steps asked for (a collective). The folder's
+    room for one is checked when the saver is made, before the first step, and again
+    before each save (zero_ref/checkpoint/space.py); `free_bytes` measures it."""
 
-    def __init__(self, parsed: Parsed, engine, tokens, progress, log) -> None:
+    def __init__(
+        self,
+        parsed: Parsed,
+        engine,
+        tokens,
+        progress,
+        log,
+        first: int = 0,
+        free_bytes: FreeBytes = disk_free_bytes,
+    ) -> None:
         self.parsed, self.engine, self.tokens, self.progress = parsed, engine, tokens, progress
         self.log = log  # rank 0's --log-jsonl, or None
+        self.free_bytes = free_bytes
         self.last_saved: int | None = None
+        run = parsed.run
+        last = min(run.steps, run.stop_at_step or run.steps)
+        if run.save_dir and last > first:  # the last save's manifest: the widest step
+            self.check_space(last)
+
+    def check_space(self, step: int) -> int:
+        """The bytes a save after `step` needs; SaveSpaceError on every rank if the
+        folder has less."""
+        training = training_record(self.parsed, step, self.engine, self.tokens)
+        run = self.parsed.run
+        return check_save_space(self.engine, run.save_dir, step, training, self.free_bytes)
 
     def save(self, step: int) -> None:
         run = self.parsed.run
+        self.check_space(step)  # the previous checkpoint stays as it is
         training = training_record(self.parsed, step, self.engine, self.tokens)
         with self.engine.comm.ledger.off_the_books():
             result = save_checkpoint(self.engine, run.save_dir, step, training, run.keep_last)

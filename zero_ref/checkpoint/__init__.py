@@ -12,6 +12,8 @@ no full copy; the gradients (P_g) are not state between steps and are not saved.
               files of the ranks that saved it
   writer      save: every rank writes its own slices, rank 0 the manifest; a
               save appears atomically or not at all
+  space       the bytes a save needs, from the layout, checked against the
+              folder's free space before the first step and before each save
   reader      open, verify (sizes, CRC-32) and read byte ranges of a checkpoint;
               a reader is an InitSource, so loading is the engine's sharded init
   consolidate one safetensors file of the model's tensors, streamed

@@ -191,7 +191,7 @@ class Stage0DataParallel:
             self.stage, cfg.offload_optimizer, cfg.offload_param, self._optimizer_numel(),
             self.precision.bytes,
         )  # fmt: skip
-        return NvmeStore(cfg.nvme_path, self.rank, self.memory, nbytes)
+        return NvmeStore(cfg.nvme_path, self.rank, self.memory, nbytes, self.comm.mpi)
 
     def _init_offloaded_update(self) -> None:
         """The buffer pool (in the ledger's buffers) and the I/O threads; every swap

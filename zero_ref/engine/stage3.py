@@ -70,7 +70,8 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
         neighbours' (forward goes up, backward down) while unit i computes. Reading unit
         i through the mapping also mapped the neighbours' cached pages near its ends (the
         kernel's fault-around, 64 KiB): those leave this process too, or every unit
-        boundary would keep a few pages until the optimizer step."""
+        boundary would keep a few pages until the optimizer step. With a trace, each
+        range advised is an instant event "readahead <unit>" in lane "swap reads"."""
         if self.cfg.offload_param != "nvme":
             return
         swap, base = self.nvme.locate(self.shard_params)
@@ -78,8 +79,19 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
         swap.release(base + units[i].shard_offset, units[i].shard_numel)
         for j in (i - 1, i + 1):
             if 0 <= j < len(units):
-                swap.unmap(base + units[j].shard_offset, units[j].shard_numel)
-                swap.prefetch(base + units[j].shard_offset, units[j].shard_numel)
+                offset, numel = base + units[j].shard_offset, units[j].shard_numel
+                swap.unmap(offset, numel)
+                swap.prefetch(offset, numel)
+                if self.trace is not None:
+                    size = swap.dtype.itemsize
+                    self.trace.instant(
+                        f"readahead {units[j].name}",
+                        "swap reads",
+                        gathered=units[i].name,
+                        file=swap.path.name,
+                        byte_offset=offset * size,
+                        bytes=numel * size,
+                    )
 
     def release_unit_params(self, i: int) -> None:
         """Nothing to free: the next gather overwrites the buffer."""

@@ -46,9 +46,10 @@ def device_array(numel: int, dtype: np.dtype, what: str, where: Where):
 
 
 def cupy():
-    """CuPy, imported on first use. Its import name is `cupy`; it is installed as the
-    distribution `cupy-cuda12x` by the `gpu` extra (pyproject.toml), a name no tool can
-    map back to `cupy` on a machine where it is not installed, hence import_module."""
+    """CuPy, imported on first use. Its import name is `cupy` whichever CUDA it was built
+    for: the distribution is `cupy-cuda12x` (the `gpu` extra) or `cupy-cuda13x`
+    (`gpu-cu13`), names no tool can map back to `cupy` on a machine where it is not
+    installed, hence import_module."""
     return importlib.import_module("cupy")
 
 
@@ -66,14 +67,16 @@ def check_usable() -> str:
         raise DeviceSetupError(
             "--device gpu: no usable CUDA GPU (numba.cuda.is_available() is False: no NVIDIA "
             "driver or device). Install the GPU extra on a machine with one: "
-            "pip install -e '.[gpu]'; or run the GPU path in numba-cuda's simulator with "
+            "pip install -e '.[gpu]' (CUDA 12) or '.[gpu-cu13]' (CUDA 13); or run the GPU "
+            "path in numba-cuda's simulator with "
             "NUMBA_ENABLE_CUDASIM=1."
         )
     try:
         cp = cupy()
     except ImportError as e:
         raise DeviceSetupError(
-            f"--device gpu needs CuPy for the model's math ({e}): pip install -e '.[gpu]'"
+            f"--device gpu needs CuPy for the model's math ({e}): pip install -e '.[gpu]' "
+            "(CUDA 12) or '.[gpu-cu13]' (CUDA 13)"
         ) from e
     return select_device(cp)  # pragma: no cover - needs a GPU
 

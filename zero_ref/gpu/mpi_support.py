@@ -18,7 +18,8 @@ import ctypes
 from dataclasses import dataclass
 from pathlib import Path
 
-CHOICES = ("auto", "yes", "no")
+from zero_ref.config import CUDA_AWARE_CHOICES as CHOICES
+
 MPIX_GPU_SUPPORT_CUDA = 0  # MPICH's mpi.h: enum { MPIX_GPU_SUPPORT_CUDA, _ZE, _HIP }
 
 

@@ -239,6 +239,14 @@ class SafetensorsWriter:
             self.abort()
 
 
+def safetensors_file_bytes(specs: Iterable[tuple[str, tuple]]) -> int:
+    """The size SafetensorsWriter's file of these float32 tensors will have (header and
+    data), known before anything is written."""
+    specs = [(name, tuple(int(d) for d in shape)) for name, shape in specs]
+    data = sum(4 * int(np.prod(shape, dtype=np.int64)) for _, shape in specs)
+    return len(_header_bytes(specs)) + data
+
+
 def _header_bytes(specs: list[tuple[str, tuple]]) -> bytes:
     header, offset = {}, 0
     for name, shape in specs:

@@ -6,9 +6,12 @@ bytes and where in the step it ran (lane "collectives"), each host<->device
 copy (lane "copies"), the optimizer step (lane "optimizer"); with the optimizer
 state in swap files (--offload-optimizer nvme) each sub-group's read, AdamW
 kernel and write-back (lanes "swap reads", "adamw sub-groups", "swap writes",
-zero_ref/offload/pipeline.py); every checkpoint file written, checked or read
-(lane "checkpoint"); and after every step the bytes the memory ledger holds by
-category (a counter). Every I/O event carries the bytes it moved in its args.
+zero_ref/offload/pipeline.py); with stage 3's parameters in a swap file
+(--offload-param nvme) each neighbour's range the kernel is asked to read ahead
+(instant events "readahead <unit>" in lane "swap reads", zero_ref/engine/stage3.py);
+every checkpoint file written, checked or read (lane "checkpoint"); and after
+every step the bytes the memory ledger holds by category (a counter). Every I/O
+event carries the bytes it moved (or, for readahead, asked for) in its args.
 Rank 0 writes all ranks' events to one JSON file that https://ui.perfetto.dev
 and chrome://tracing open (one process per rank, one thread per lane);
 scripts/plot_trace.py draws a step of it as a picture (docs/stages.md).
