@@ -253,3 +253,36 @@ def test_accumulate_widen_and_rounded_use_the_same_rule():
     assert rounded(snan, FP16).view(np.uint32).tolist() == [0x7FC00000, 0x3F800000]
     across = round_into(np.empty(2, FP16), np.array([1 + 2**-7, np.nan], BF16))  # via float32
     assert across.view(np.uint16).tolist() == [0x3C08, 0x7E00]
+
+
+@pytest.mark.parametrize("dtype", [FP16, BF16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("world", [1, 2, 3, 5])
+@pytest.mark.parametrize("n", SIZES)
+def test_the_fused_16_bit_sum_is_widen_then_add_in_rank_order(dtype, world, n):
+    """sum_widened_rows (the 16-bit sum over ranks): kernel, twin, and the NumPy it
+    replaced (rows cast to float32, then added left to right) agree bit for bit, with
+    subnormals, overflow to Inf, Inf + -Inf and NaNs among the words."""
+    rng = np.random.default_rng(world * 1000 + n)
+    words = rng.integers(0, 1 << 16, (world, n), dtype=np.uint64).astype(np.uint16)
+    words[:, ::3] &= 0x83FF  # subnormals and zeros
+    if n > 2 and world > 1:
+        inf = 0x7C00 if dtype == FP16 else 0x7F80
+        words[0, 1], words[1, 1] = inf, inf | 0x8000
+    by_numpy = words[0].view(dtype).astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for r in range(1, world):
+            by_numpy += words[r].view(dtype).astype(np.float32)
+    fp16 = dtype == FP16
+    k, t = np.full(n, 7.0, np.float32), np.full(n, 9.0, np.float32)
+    R.sum_widened_rows_kernel(words, k, fp16)
+    R.sum_widened_rows_reference(words, t, fp16)
+    nan = np.isnan(by_numpy)
+    assert np.array_equal(np.isnan(k), nan) and np.array_equal(np.isnan(t), nan)
+    assert_same(
+        words[0], by_numpy[~nan].view(np.uint32), k[~nan].view(np.uint32), t[~nan].view(np.uint32)
+    )
+    assert_same(
+        words[0],
+        k.view(np.uint32),
+        HOST.sum_widened_rows(words.view(dtype), np.empty(n, np.float32)).view(np.uint32),
+    )

@@ -104,6 +104,16 @@ def accumulate_rounded(dst: np.ndarray, src: np.ndarray) -> None:
     round_into(dst, total)
 
 
+def sum_widened_rows(words: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """float32 out (n,) <- the sum in row order of the (W, n) 16-bit rows, each widened
+    exactly, added in float32 (zero_ref/comm/reduction.py's 16-bit sums over ranks)."""
+    kernel = rounding.sum_widened_rows_kernel
+    if not (words.flags.c_contiguous and out.flags.c_contiguous):
+        kernel = rounding.sum_widened_rows_reference
+    kernel(words.view(np.uint16), out, words.dtype == DTYPES["fp16"])
+    return out
+
+
 _NAMES = {d: d.name for d in (*DTYPES.values(), np.dtype(np.uint16), np.dtype(np.uint32))}
 
 
@@ -132,6 +142,10 @@ class HostArrays:
     def accumulate_rounded(self, dst: np.ndarray, src: np.ndarray) -> None:
         """dst = dst + src, added in float32, rounded once to dst's dtype."""
         accumulate_rounded(dst, src)
+
+    def sum_widened_rows(self, words: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """float32 out = the (W, n) 16-bit rows widened and summed in row order."""
+        return sum_widened_rows(words, out)
 
     def sync(self) -> None:
         """Before MPI reads or writes the arrays: nothing to wait for in RAM."""
