@@ -112,23 +112,29 @@ def round_bf16_kernel(src_bits, dst_bits):  # pragma: no cover - compiled
             dst_bits[i, j] = bf16_bits(np.int64(src_bits[i, j]))
 
 
-FP16_SCALES = np.array([2.0 ** (max(e, 1) - 25) for e in range(32)], np.float32)
+@_jit
+def _fp16_widening_table():  # pragma: no cover - compiled
+    """The float32 bits of all 65,536 fp16 bit patterns, by fp16_widened_bits."""
+    table = np.empty(1 << 16, np.uint32)
+    for h in range(1 << 16):
+        table[h] = fp16_widened_bits(h)
+    return table
+
+
+FP16_WIDENED = _fp16_widening_table()  # a lookup is faster than normalising subnormals
 
 
 @_jit
-def widen_fp16_kernel(src_bits, dst_bits):  # pragma: no cover - compiled
-    """dst_bits (uint32) <- float32 bits of fp16 src_bits (uint16): fp16_widened_bits'
-    result, computed as (implicit bit | m) * 2^(e - 25) in float32 (exact: an integer
-    below 2^11 times a power of two) so that it vectorises; Inf and NaN by the bits."""
+def _widen_by_table(src_bits, dst_bits, table):  # pragma: no cover - compiled
     for i in range(dst_bits.shape[0]):
         for j in range(dst_bits.shape[1]):
-            h = np.int64(src_bits[i, j])
-            e = (h >> 10) & 0x1F
-            m = h & 0x3FF
-            k = m | (0x400 if e != 0 else 0)  # the significand, an integer
-            magnitude = np.float32(np.float32(k) * FP16_SCALES[e]).view(np.uint32)
-            magnitude = (F32_INF | (m << 13)) if e == 0x1F else magnitude  # Inf, NaN payload
-            dst_bits[i, j] = ((h & 0x8000) << 16) | magnitude
+            dst_bits[i, j] = table[src_bits[i, j]]
+
+
+def widen_fp16_kernel(src_bits, dst_bits) -> None:
+    """dst_bits (uint32) <- float32 bits of fp16 src_bits (uint16): fp16_widened_bits,
+    looked up in its table of every fp16 pattern."""
+    _widen_by_table(src_bits, dst_bits, FP16_WIDENED)
 
 
 @_jit
@@ -140,16 +146,6 @@ def widen_bf16_kernel(src_bits, dst_bits):  # pragma: no cover - compiled
 
 
 BF16_WIDENED = np.arange(1 << 16, dtype=np.uint32) << 16  # bf16 widens by a shift
-_FP16_WIDENED: list[np.ndarray] = []
-
-
-def fp16_widening_table() -> np.ndarray:
-    """The float32 bits of all 65,536 fp16 patterns, by widen_fp16_kernel (made once)."""
-    if not _FP16_WIDENED:
-        table = np.empty((1, 1 << 16), np.uint32)
-        widen_fp16_kernel(np.arange(1 << 16, dtype=np.uint16)[np.newaxis], table)
-        _FP16_WIDENED.append(table[0])
-    return _FP16_WIDENED[0]
 
 
 @_jit
@@ -165,7 +161,7 @@ def sum_widened_rows_kernel(words, out, fp16: bool) -> None:
     """float32 out (n,) <- ((w[0] + w[1]) + w[2]) + ... of the (W, n) 16-bit words
     (fp16's, else bf16's), each widened exactly, summed in float32 in row order: a
     16-bit sum over ranks in rank order, without a (W, n) float32 copy of the rows."""
-    table = fp16_widening_table() if fp16 else BF16_WIDENED
+    table = FP16_WIDENED if fp16 else BF16_WIDENED
     _sum_widened_rows(words, out, table.view(np.float32))
 
 
