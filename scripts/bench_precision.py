@@ -152,12 +152,15 @@ def merge_repeats(repeats: list[list[dict]]) -> list[dict]:
     """One row per (precision, stage) from several rounds of runs: the first round's
     row, with the median step time over rounds and the median of each round's own
     time ratio (paired with the fp32 run beside it, so a busy moment that slows one
-    round slows both sides of its ratio)."""
+    round slows both sides of its ratio), and the least real peak over rounds (a
+    run that compiled a Numba kernel, its cache stale, holds the compiler's memory)."""
     rows = []
     for i, first in enumerate(repeats[0]):
         times = [rnd[i]["step_time_s"] for rnd in repeats]
         ratios = [rnd[i]["time_ratio"] for rnd in repeats]
+        peak = min(rnd[i]["real_peak_per_param"] for rnd in repeats)
         row = dict(first, step_time_s=statistics.median(times), step_time_s_repeats=times)
+        row["real_peak_per_param"] = peak
         if first["time_ratio"] is not None:
             row.update(time_ratio=statistics.median(ratios), time_ratio_repeats=ratios)
         rows.append(row)
