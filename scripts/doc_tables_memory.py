@@ -134,7 +134,8 @@ def precision_speed(res: Result) -> str:
     rounds = s.get("repeats", 1)
     over = (
         f", then the median over {rounds} rounds, in each of which a stage's three precisions "
-        "ran back to back (time / fp32: the median of the rounds' own ratios)"
+        "ran back to back (time / fp32: the median of the rounds' own ratios; real: the least "
+        "over rounds)"
         if rounds > 1
         else ""
     )
