@@ -3,6 +3,7 @@
     python scripts/bench_precision.py                    # both parts, 4 ranks
     python scripts/bench_precision.py --skip-loss        # part (a) only
     python scripts/bench_precision.py --d-model 128 --n-layer 4 --loss-steps 200
+    python scripts/bench_precision.py --repeats 3        # part (a) three times over
 
 (a) Per precision (fp32, fp16, bf16) and stage (0-3), one `mpirun -n 4 python -m
 zero_ref.train` of a larger GPT (--d-model 256 --n-layer 8, context 64, --steps 12,
@@ -14,7 +15,9 @@ formula and the paper's K=12 formula, whether each rank's params + grads + optim
 equal the run's formula exactly, the real peak resident set above the baseline per
 parameter (max over ranks and phases, as scripts/bench_memory.py), and each
 precision's sent bytes and step time as a ratio of fp32's at the same stage (16-bit
-should send about half).
+should send about half). With --repeats R, R rounds in which each stage's three
+precisions run back to back: step times are medians over rounds, and each ratio is
+the median of the rounds' own ratios (a busy machine slows a round's pair alike).
 
 (b) Per precision, the default run (`python -m zero_ref.train`: the default GPT, 800
 steps, default stage) with only --precision added: the final step's loss, the mean
@@ -145,17 +148,40 @@ def add_ratios(rows: list[dict]) -> None:
         r["time_ratio"] = r["step_time_s"] / base["step_time_s"] if base else None
 
 
-def measure_speed(a: argparse.Namespace, tmp: Path) -> list[dict]:
+def merge_repeats(repeats: list[list[dict]]) -> list[dict]:
+    """One row per (precision, stage) from several rounds of runs: the first round's
+    row, with the median step time over rounds and the median of each round's own
+    time ratio (paired with the fp32 run beside it, so a busy moment that slows one
+    round slows both sides of its ratio), and the least real peak over rounds (a
+    run that compiled a Numba kernel, its cache stale, holds the compiler's memory)."""
     rows = []
-    for precision in a.precisions:
-        for stage in a.stages:
-            records = run_train(
-                speed_flags(precision, stage, a), a.ranks, a.timeout_s, tmp / "a.jsonl"
-            )
-            rows.append(speed_row(precision, *split(records)))
-            print(f"  (a) {precision} stage {stage} done", file=sys.stderr, flush=True)
-    add_ratios(rows)
+    for i, first in enumerate(repeats[0]):
+        times = [rnd[i]["step_time_s"] for rnd in repeats]
+        ratios = [rnd[i]["time_ratio"] for rnd in repeats]
+        peak = min(rnd[i]["real_peak_per_param"] for rnd in repeats)
+        row = dict(first, step_time_s=statistics.median(times), step_time_s_repeats=times)
+        row["real_peak_per_param"] = peak
+        if first["time_ratio"] is not None:
+            row.update(time_ratio=statistics.median(ratios), time_ratio_repeats=ratios)
+        rows.append(row)
     return rows
+
+
+def measure_speed(a: argparse.Namespace, tmp: Path) -> list[dict]:
+    """--repeats rounds; in each, every stage's precisions run back to back."""
+    repeats = []
+    for rnd in range(a.repeats):
+        by = {}
+        for stage in a.stages:
+            for precision in a.precisions:
+                flags = speed_flags(precision, stage, a)
+                records = run_train(flags, a.ranks, a.timeout_s, tmp / "a.jsonl")
+                by[precision, stage] = speed_row(precision, *split(records))
+                print(f"  (a) round {rnd + 1}: {precision} stage {stage} done", file=sys.stderr)
+        rows = [by[p, st] for p in a.precisions for st in a.stages]
+        add_ratios(rows)
+        repeats.append(rows)
+    return merge_repeats(repeats)
 
 
 def loss_flags(precision: str, a: argparse.Namespace) -> list[str]:
@@ -205,7 +231,8 @@ def speed_table(rows: list[dict], a: argparse.Namespace) -> str:
     lines = [
         f"(a) GPT d_model {a.d_model} x {a.n_layer} layers ({numel / 1e6:.2f}M padded params), "
         f"{a.ranks} ranks, context {a.context}, {a.steps} steps (medians over steps "
-        f"{SKIP_FIRST + 1}-{a.steps}); bytes/param/rank, max over ranks",
+        f"{SKIP_FIRST + 1}-{a.steps}, then over {a.repeats} round(s)); bytes/param/rank, "
+        "max over ranks",
         f"{'prec':>5}{'stage':>6}{'step s':>8}{'sent/step':>12}{'ledger':>8}{'formula':>8}"
         f"{'paperK12':>9}{'led==f':>7}{'real':>7}{'comm/32':>8}{'time/32':>8}{'skip':>5}",
     ]
@@ -280,10 +307,20 @@ def parse() -> argparse.Namespace:
         action="store_false",
         help="part (a) without activation checkpointing (default: with)",
     )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="part (a)'s rounds: step times are medians over them, ratios medians of "
+        "each round's (for a busy machine)",
+    )
     p.add_argument("--skip-loss", action="store_true", help="skip part (b)")
     p.add_argument("--timeout-s", type=float, default=1800.0, help="per mpirun")
     add_record_flag(p, "bench_precision")
-    return p.parse_args()
+    a = p.parse_args()
+    if a.repeats < 1:
+        p.error(f"--repeats {a.repeats} is not allowed: it must be >= 1")
+    return a
 
 
 def main() -> None:
@@ -297,7 +334,7 @@ def main() -> None:
         print(loss_table(loss, entropy), flush=True)
     checked = targets(speed, loss)
     print("targets: " + ", ".join(f"{k} {v}" for k, v in checked.items()))
-    names = ("ranks", "precisions", "stages", "d_model", "n_layer", "steps", "context")
+    names = ("ranks", "precisions", "stages", "d_model", "n_layer", "steps", "context", "repeats")
     settings = {k: getattr(a, k) for k in (*names, "batch_size", "checkpoint_activations")}
     settings.update(loss_steps=a.loss_steps)
     settings.update(skip_loss=a.skip_loss, unigram_entropy=entropy)

@@ -132,12 +132,20 @@ def precision_speed(res: Result) -> str:
     header = ["precision", "stage", "step s", "bytes sent / step", "ledger", "formula"]
     header += ["paper K=12", "real", "sent / fp32", "time / fp32"]
     ckpt = " with `--checkpoint-activations`" if s["checkpoint_activations"] else ""
+    rounds = s.get("repeats", 1)
+    over = (
+        f", then the median over {rounds} rounds, in each of which a stage's three precisions "
+        "ran back to back (time / fp32: the median of the rounds' own ratios; real: the least "
+        "over rounds)"
+        if rounds > 1
+        else ""
+    )
     return "\n\n".join(
         [
             f"A GPT of {d['speed'][0]['numel_padded'] / 1e6:.2f}M padded parameters (d_model "
             f"{s['d_model']}, {s['n_layer']} layers, context {s['context']}, global batch "
             f"{s['batch_size']}{ckpt}), {s['ranks']} ranks, {s['steps']} steps, medians over steps "
-            f"3-{s['steps']}. " + measured_by(res),
+            f"3-{s['steps']}{over}. " + measured_by(res),
             table(header, rows),
             precision_findings(d["speed"]),
         ]
@@ -419,11 +427,32 @@ def offload_slope(before: Result, after: Result) -> str:
     return "\n\n".join([setup, table(header, rows), verdict])
 
 
+def rounding_costs(res: Result) -> str:
+    """scripts/bench_rounding.py: each conversion's cast and kernel, ns per element."""
+    rows, d = res.data["rows"], res.data
+    kinds = list(dict.fromkeys(r["input"] for r in rows))
+    by = {(r["conversion"], r["input"]): r for r in rows}
+    body = []
+    for conversion in dict.fromkeys(r["conversion"] for r in rows):
+        for who, key in (("cast", "cast_ns"), ("kernel", "kernel_ns")):
+            cells = [f"{by[conversion, k][key]:.2f}" for k in kinds]
+            body.append([f"{conversion}, {who}", *cells])
+    agree = all(r["bits_agree"] for r in rows)
+    return "\n\n".join(
+        [
+            f"{d['settings']['numel']:,} elements, one thread, median of "
+            f"{d['settings']['repeats']}, ns per element; kernel and cast agree bit for bit on "
+            f"every input: {agree}. " + measured_by(res),
+            table(["conversion", *kinds], body),
+        ]
+    )
+
+
 RENDERERS = {
     f.__name__: f
     for f in (
         memory, memory_readme, memory_stage3, memory_untracked, precision_speed, precision_loss,
         precision_readme, precision_losses, half_reduce, offload_step, offload_demo, offload_readme,
-        offload_slope,
+        offload_slope, rounding_costs,
     )
 }  # fmt: skip

@@ -29,7 +29,7 @@ SIGNATURES = {
         kernels._unscale_and_clip,
         types.void(F32, F32, f32, f32, types.boolean),
     ),
-    "round_fp16": (kernels._cast, types.void(F32, types.float16[::1])),
+    "round_fp16": (kernels._round_fp16, types.void(types.uint32[::1], types.uint16[::1])),
     "round_bf16": (kernels._round_bf16, types.void(types.uint32[::1], types.uint16[::1])),
     "embedding_backward": (
         model_kernels._embedding_backward_columns,

@@ -90,14 +90,31 @@ def test_16_bit_rounding_and_widening_are_their_twins(dtype, n):
     dst = cuda.device_array(n, dtype)
     kernels.round_into(dst, cuda.to_device(src), np.dtype(dtype).name)
     got = dst.copy_to_host()
-    nan = np.isnan(expected.astype(np.float32))
-    assert np.array_equal(np.isnan(got.astype(np.float32)), nan)
-    if dtype is ml_dtypes.bfloat16:  # NaN too: the canonical quiet NaN, as ml_dtypes makes it
-        nan[:] = False
-    assert np.array_equal(bits(got[~nan]), bits(expected[~nan]))
+    assert np.array_equal(bits(got), bits(expected))  # NaN too: torch's canonical quiet NaN
     wide = cuda.device_array(n, np.float32)
     kernels.widen(wide, dst, np.dtype(dtype).name)
     assert np.array_equal(bits(wide.copy_to_host()), bits(got.astype(np.float32)))
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16])
+def test_16_bit_roundings_of_the_hard_values_are_the_cpu_kernels_bits(dtype):
+    """Ties both ways, overflow to Inf, both formats' subnormals, float32 subnormals,
+    +-0, +-Inf, quiet and signalling NaNs with payloads (tests/test_rounding.py's list):
+    the device's bits are the CPU kernels' (zero_ref/rounding.py), NaN rule and all;
+    and fp16 widening of every special 16-bit result and of fp16's NaNs is exact."""
+    from tests.test_rounding import SPECIAL_BITS, awkward_bits
+
+    src = np.concatenate([SPECIAL_BITS, awkward_bits(64, 3)])
+    expected = round_into(np.empty(src.size, dtype), src.view(np.float32))
+    dst = cuda.device_array(src.size, dtype)
+    kernels.round_into(dst, cuda.to_device(src.view(np.float32)), np.dtype(dtype).name)
+    assert np.array_equal(bits(dst.copy_to_host()), bits(expected))
+    more = np.array([0x7C01, 0xFC01, 0x7DFF, 0x0001, 0x83FF, 0x7F81, 0xFFFF], np.uint16)
+    halves = np.concatenate([expected.view(np.uint16), more])
+    wide = cuda.device_array(halves.size, np.float32)
+    kernels.widen(wide, cuda.to_device(halves.view(dtype)), np.dtype(dtype).name)
+    want = halves.view(dtype).astype(np.float32)
+    assert np.array_equal(bits(wide.copy_to_host()), bits(want))
 
 
 @pytest.mark.parametrize("n", [0, 1, 7, 13, 257])
@@ -144,7 +161,8 @@ def test_on_hardware_the_float_kernels_hold_no_fma_and_only_correctly_rounded_op
     """The kernels compiled for a real GPU (NVVM, no GPU needed; skipped without NVVM):
     AdamW and unscale must use mul.rn/add.rn/sub.rn/div.rn/sqrt.rn, never a fused
     multiply-add or an approximate divide or square root, or they could not be bitwise
-    their NumPy twins; the fp16 rounding must be cvt.rn (nearest, ties to even)."""
+    their NumPy twins; the 16-bit roundings are integer steps on the bits (no cvt, whose
+    NaNs are the hardware's, not the twins')."""
     import json
     import os
     import subprocess
@@ -170,6 +188,7 @@ def test_on_hardware_the_float_kernels_hold_no_fma_and_only_correctly_rounded_op
         assert all(".rn." in op for op in floats), (name, floats)
         assert not [op for op in ops[name] if op.startswith(("rcp", "rsqrt"))], (name, ops[name])
     assert {"sqrt.rn.f32", "div.rn.f32", "mul.rn.f32"} <= set(ops["adamw"])
-    assert "cvt.rn.f16.f32" in ops["round_fp16"]
+    for name in ("round_fp16", "round_bf16"):
+        assert not [op for op in ops[name] if op.endswith((".f16", ".f32"))], (name, ops[name])
     embedding = [op for op in ops["embedding_backward"] if op.endswith(".f32")]
     assert embedding == ["add.rn.f32"], embedding  # in-order adds, no atomics: deterministic

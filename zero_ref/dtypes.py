@@ -1,9 +1,10 @@
 """The three float formats zero_ref computes and stores in, and rounding between them.
 
-Every rounding is to nearest, ties to even (NumPy's float16 cast, ml_dtypes'
-bfloat16 cast), the IEEE default that GPUs use too, so the engine and the
-single-rank oracle round alike. Pure NumPy: the communication layer, the
-engine and the oracle all use it.
+Every rounding is to nearest, ties to even, the IEEE default that GPUs use too,
+done on the bits by zero_ref/rounding.py's Numba kernels (NumPy twins beside
+them), so the engine and the single-rank oracle round alike; NaNs become torch's
+canonical quiet NaNs. The communication layer, the engine and the oracle all
+use it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
+
+from zero_ref import rounding
 
 DTYPES = {
     "fp32": np.dtype(np.float32),
@@ -28,11 +31,56 @@ def dtype_of(name: str) -> np.dtype:
         raise ValueError(f"precision {name!r} is not one of {', '.join(DTYPES)}") from None
 
 
+_ROUND = {  # dst dtype -> (Numba kernel, NumPy twin), float32 bits to 16-bit bits
+    DTYPES["fp16"]: (rounding.round_fp16_kernel, rounding.round_fp16_reference),
+    DTYPES["bf16"]: (rounding.round_bf16_kernel, rounding.round_bf16_reference),
+}
+_WIDEN = {  # src dtype -> (Numba kernel, NumPy twin), 16-bit bits to float32 bits
+    DTYPES["fp16"]: (rounding.widen_fp16_kernel, rounding.widen_fp16_reference),
+    DTYPES["bf16"]: (rounding.widen_bf16_kernel, rounding.widen_bf16_reference),
+}
+_BITS = {4: np.uint32, 2: np.uint16}
+
+
+def _on_bits(kernels: tuple, dst: np.ndarray, src: np.ndarray) -> np.ndarray:
+    """Run a (kernel, twin) pair on the bits of src and dst: the Numba kernel on their
+    (rows, cols) views, the NumPy twin where a layout has none."""
+    if src.shape != dst.shape:
+        src = np.broadcast_to(src, dst.shape)
+    src_bits, dst_bits = src.view(_BITS[src.itemsize]), dst.view(_BITS[dst.itemsize])
+    kernel, twin = kernels
+    s, d = rounding.as_rows(src_bits), rounding.as_rows(dst_bits)
+    if s is None or d is None:
+        twin(src_bits, dst_bits)
+    else:
+        kernel(s, d)
+    return dst
+
+
 def round_into(dst: np.ndarray, src: np.ndarray) -> np.ndarray:
-    """dst[...] = src rounded to dst's dtype (nearest, ties to even); a float16 overflow
-    becomes Inf, as fp16 hardware makes it (the loss scaler's signal), without a warning."""
-    with np.errstate(over="ignore", invalid="ignore"):
+    """dst[...] = src rounded to dst's dtype: to nearest, ties to even, a float16
+    overflow to Inf (the loss scaler's signal), a NaN to the canonical quiet NaN
+    (zero_ref/rounding.py's rule, torch's). 16-bit to the other 16-bit goes through
+    float32 (exact); the same dtype is a copy."""
+    if dst.dtype == src.dtype:
         dst[...] = src
+    elif dst.dtype == np.float32:
+        widen_into(dst, src)
+    elif dst.dtype in _ROUND and src.dtype in _WIDEN:
+        _on_bits(_ROUND[dst.dtype], dst, widen_into(np.empty(src.shape, np.float32), src))
+    elif dst.dtype in _ROUND and src.dtype == np.float32:
+        _on_bits(_ROUND[dst.dtype], dst, src)
+    else:  # other dtypes (float64, say): NumPy's cast
+        with np.errstate(over="ignore", invalid="ignore"):
+            dst[...] = src
+    return dst
+
+
+def widen_into(dst: np.ndarray, src: np.ndarray) -> np.ndarray:
+    """float32 dst[...] = src (16-bit values widen exactly)."""
+    if src.dtype in _WIDEN and dst.dtype == np.float32:
+        return _on_bits(_WIDEN[src.dtype], dst, src)
+    dst[...] = src
     return dst
 
 
@@ -40,7 +88,8 @@ def rounded(src: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """src's values after one rounding to `dtype`, widened back to float32 (a new array)."""
     if dtype == np.float32:
         return np.array(src, np.float32)
-    return round_into(np.empty(src.shape, dtype), src).astype(np.float32)
+    once = round_into(np.empty(src.shape, dtype), src)
+    return widen_into(np.empty(src.shape, np.float32), once)
 
 
 def accumulate_rounded(dst: np.ndarray, src: np.ndarray) -> None:
@@ -49,8 +98,23 @@ def accumulate_rounded(dst: np.ndarray, src: np.ndarray) -> None:
     if dst.dtype == np.float32 and src.dtype == np.float32:
         dst += src
         return
+    total = widen_into(np.empty(dst.shape, np.float32), dst)
     with np.errstate(over="ignore", invalid="ignore"):  # Inf + -Inf: the scaler's NaN
-        round_into(dst, dst.astype(np.float32) + src.astype(np.float32))
+        total += widen_into(np.empty(src.shape, np.float32), src)
+    round_into(dst, total)
+
+
+def sum_widened_rows(words: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """float32 out (n,) <- the sum in row order of the (W, n) 16-bit rows, each widened
+    exactly, added in float32 (zero_ref/comm/reduction.py's 16-bit sums over ranks)."""
+    kernel = rounding.sum_widened_rows_kernel
+    if not (words.flags.c_contiguous and out.flags.c_contiguous):
+        kernel = rounding.sum_widened_rows_reference
+    kernel(words.view(np.uint16), out, words.dtype == DTYPES["fp16"])
+    return out
+
+
+_NAMES = {d: d.name for d in (*DTYPES.values(), np.dtype(np.uint16), np.dtype(np.uint32))}
 
 
 class HostArrays:
@@ -63,8 +127,9 @@ class HostArrays:
         return np.empty(numel, dtype)
 
     def dtype_name(self, array: np.ndarray) -> str:
-        """What the elements are ("float32", "float16", "bfloat16")."""
-        return array.dtype.name
+        """What the elements are ("float32", "float16", "bfloat16"); looked up, since
+        NumPy computes dtype.name in Python (~5 us, and every collective asks)."""
+        return _NAMES.get(array.dtype) or array.dtype.name
 
     def round_into(self, dst: np.ndarray, src: np.ndarray) -> np.ndarray:
         """dst[...] = src rounded once to dst's dtype (a copy when they agree)."""
@@ -72,12 +137,15 @@ class HostArrays:
 
     def widen_into(self, dst: np.ndarray, src: np.ndarray) -> np.ndarray:
         """float32 dst[...] = src (16-bit values widen exactly)."""
-        dst[...] = src
-        return dst
+        return widen_into(dst, src)
 
     def accumulate_rounded(self, dst: np.ndarray, src: np.ndarray) -> None:
         """dst = dst + src, added in float32, rounded once to dst's dtype."""
         accumulate_rounded(dst, src)
+
+    def sum_widened_rows(self, words: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """float32 out = the (W, n) 16-bit rows widened and summed in row order."""
+        return sum_widened_rows(words, out)
 
     def sync(self) -> None:
         """Before MPI reads or writes the arrays: nothing to wait for in RAM."""

@@ -70,10 +70,8 @@ def sum_16bit_words(mpi: MPI.Comm, send, recv, arrays: HostArrays = HOST) -> Non
     world, n = mpi.Get_size(), recv.size
     words = _rows(arrays, world, n, np.uint16)  # row r: rank r's block for me
     mpi.Alltoall(words_of(send), words)
-    rows = _rows(arrays, world, n, np.float32)
-    arrays.widen_into(rows.reshape(-1), words.reshape(-1).view(send.dtype))
     total = recv if recv.dtype == np.float32 else arrays.temporary(n, np.float32)
-    sum_in_rank_order(rows, total)
+    arrays.sum_widened_rows(words.view(send.dtype), total)  # one pass: widen, add in order
     if total is not recv:
         arrays.round_into(recv, total)
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from zero_ref.dtypes import round_into
 from zero_ref.optim.adamw import adamw_kernel
-from zero_ref.optim.gradnorm import global_grad_norm, unscale_and_clip
+from zero_ref.optim.gradnorm import global_grad_norm, unscale_and_clip, unscaled
 from zero_ref.optim.nonfinite import first_nonfinite
 
 OPTIMIZER_CHUNK = 1 << 18  # elements the optimizer widens and updates at a time
@@ -28,7 +28,7 @@ def unscaled_chunks(grad: np.ndarray, divisor: np.float32) -> Iterator[np.ndarra
     """float32 chunks of grad / divisor (one rounding each), OPTIMIZER_CHUNK at a time:
     the averaged, unscaled gradient the norm and AdamW see, never whole in memory."""
     for lo in range(0, grad.size, OPTIMIZER_CHUNK):
-        yield np.divide(grad[lo : lo + OPTIMIZER_CHUNK], divisor, dtype=np.float32)
+        yield unscaled(grad[lo : lo + OPTIMIZER_CHUNK], divisor)
 
 
 class HostCompute:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from zero_ref.array_module import array_module
+from zero_ref.comm.rank_order import sum_in_rank_order
 from zero_ref.dtypes import HOST
 from zero_ref.gpu import device, kernels
 from zero_ref.gpu.copies import copy_in, copy_out, host_dtype, in_host_memory
@@ -83,6 +84,14 @@ class DeviceArrays:
         total += self.widen_into(self.temporary(src.shape[0], np.float32), src)
         self.round_into(dst, total)
         return None
+
+    def sum_widened_rows(self, words, out):
+        """float32 out (n,) = the (W, n) 16-bit rows widened, summed in row order."""
+        if in_host_memory(out):
+            return HOST.sum_widened_rows(words, out)
+        rows = self.temporary(words.size, np.float32)
+        self.widen_into(rows, words.reshape(-1))
+        return sum_in_rank_order(rows.reshape(words.shape), out)
 
     def dtype_name(self, array) -> str:
         """What the elements are: uint16 on a GPU is bfloat16's bits."""

@@ -6,7 +6,7 @@ twin it is tested against element by element (tests/test_gpu_kernels.py).
   unscale_and_clip     zero_ref.optim.gradnorm.unscale_and_clip
   sumsq_bins           zero_ref.optim.gradnorm.sumsq_bins_reference
   first_nonfinite      zero_ref.optim.nonfinite.first_nonfinite (one array)
-  round_into / widen   zero_ref.dtypes.round_into (float32 <-> bf16 / fp16)
+  round_into / widen   zero_ref.rounding's kernels (float32 <-> bf16 / fp16, on the bits)
 
 These are the update phase of ZeRO (Sec. 5) and mixed precision's roundings
 (Sec. 3) run where the shard lives; what crosses the network is unchanged.
@@ -22,8 +22,10 @@ Python on NumPy float32 scalars, which already round once per operation, and
 has no libdevice: there the helpers are the plain operators.
 
 bfloat16 lives on the device as its 16 bits (uint16: numba has no bfloat16
-type); rounding float32 to it is done on the bits, round to nearest even, NaN
-to the canonical quiet NaN with its sign, as ml_dtypes does.
+type). Both 16-bit roundings, and fp16's widening, are done on the bits by the
+very Python of zero_ref/rounding.py's scalar steps, compiled for the device:
+round to nearest even, a NaN to torch's canonical quiet NaN (fp16: 0x7E00 with
+its sign, bf16: 0x7FC0), not to whatever the hardware's cvt makes of it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import numba
 import numpy as np
 from numba import cuda
 
+from zero_ref import rounding
 from zero_ref.optim.adamw import AdamWScalars
 from zero_ref.optim.gradnorm import BIN_SHAPE, NONFINITE_ROW
 
@@ -160,17 +163,32 @@ def first_nonfinite(x) -> int | None:
     return None if found == n else found
 
 
-# ---- 16-bit roundings (twin: zero_ref.dtypes.round_into)
+# ---- 16-bit roundings (twins: zero_ref/rounding.py's kernels, on the same bits)
+# The scalar steps are zero_ref/rounding.py's own Python, compiled here for the device.
+_fp16_bits = cuda.jit(device=True)(rounding.fp16_bits_py)
+_bf16_bits = cuda.jit(device=True)(rounding.bf16_bits_py)
+_fp16_widened_bits = cuda.jit(device=True)(rounding.fp16_widened_bits_py)
+
+
+@cuda.jit
+def _round_fp16(src_bits, dst_bits):  # pragma: no cover - compiled
+    i = cuda.grid(1)
+    if i < dst_bits.shape[0]:
+        dst_bits[i] = _fp16_bits(np.int64(src_bits[i]))
+
+
 @cuda.jit
 def _round_bf16(src_bits, dst_bits):  # pragma: no cover - compiled
     i = cuda.grid(1)
     if i < dst_bits.shape[0]:
-        b = np.uint32(src_bits[i])
-        if (b & 0x7F800000) == 0x7F800000 and (b & 0x7FFFFF) != 0:  # NaN
-            dst_bits[i] = np.uint16(((b >> 16) & 0x8000) | 0x7FC0)
-        else:  # round to nearest, ties to even, on the bits (overflow becomes Inf)
-            lsb = (b >> 16) & 1
-            dst_bits[i] = np.uint16((b + np.uint32(0x7FFF) + lsb) >> 16)
+        dst_bits[i] = _bf16_bits(np.int64(src_bits[i]))
+
+
+@cuda.jit
+def _widen_fp16(src_bits, dst_bits):  # pragma: no cover - compiled
+    i = cuda.grid(1)
+    if i < dst_bits.shape[0]:
+        dst_bits[i] = _fp16_widened_bits(np.int64(src_bits[i]))
 
 
 @cuda.jit
@@ -180,22 +198,13 @@ def _widen_bf16(src_bits, dst_bits):  # pragma: no cover - compiled
         dst_bits[i] = np.uint32(src_bits[i]) << 16  # exact
 
 
-@cuda.jit
-def _cast(src, dst):  # pragma: no cover - compiled
-    i = cuda.grid(1)
-    if i < dst.shape[0]:
-        dst[i] = src[i]  # float32 <-> float16: the hardware's round to nearest even
-
-
 def round_into(dst, src, dtype_name: str) -> None:
     """dst (16-bit device array of `dtype_name`, bf16 as uint16 bits) <- float32 src."""
     n = dst.shape[0]
     if n == 0:
         return
-    if dtype_name == "bfloat16":
-        _round_bf16[blocks(n), THREADS](src.view(np.uint32), dst.view(np.uint16))
-    else:
-        _cast[blocks(n), THREADS](src, dst)
+    kernel = _round_bf16 if dtype_name == "bfloat16" else _round_fp16
+    kernel[blocks(n), THREADS](src.view(np.uint32), dst.view(np.uint16))
 
 
 def widen(dst, src, dtype_name: str) -> None:
@@ -203,7 +212,5 @@ def widen(dst, src, dtype_name: str) -> None:
     n = dst.shape[0]
     if n == 0:
         return
-    if dtype_name == "bfloat16":
-        _widen_bf16[blocks(n), THREADS](src.view(np.uint16), dst.view(np.uint32))
-    else:
-        _cast[blocks(n), THREADS](src, dst)
+    kernel = _widen_bf16 if dtype_name == "bfloat16" else _widen_fp16
+    kernel[blocks(n), THREADS](src.view(np.uint16), dst.view(np.uint32))

@@ -25,6 +25,8 @@ import math
 import numba
 import numpy as np
 
+from zero_ref.dtypes import widen_into
+
 N_EXPONENTS = 254  # E = -149 (subnormals and the smallest normals) .. 104
 NONFINITE_ROW = N_EXPONENTS  # bins[254] = [count of +-inf, count of nan]
 BIN_SHAPE = (N_EXPONENTS + 1, 2)  # [:, 0] high 24 bits of M^2, [:, 1] low 24 bits
@@ -173,11 +175,21 @@ def sumsq_fast(x: np.ndarray) -> float:
     return float(_sumsq_fast_kernel(flat, SUMSQ_CHUNK))
 
 
+def unscaled(grad: np.ndarray, divisor: np.float32) -> np.ndarray:
+    """grad / divisor in float32, a new array (one rounding). A 16-bit grad is widened
+    first by zero_ref/rounding.py's kernels (exact): NumPy's own float16 cast inside the
+    divide costs ~20 ns an element where gradients are fp16 subnormals."""
+    if grad.dtype == np.float32:
+        return np.divide(grad, divisor, dtype=np.float32)
+    wide = widen_into(np.empty(grad.shape, np.float32), grad)
+    return np.divide(wide, divisor, out=wide)
+
+
 def unscale_and_clip(grad: np.ndarray, divisor: np.float32, coef: np.float32) -> np.ndarray:
     """The gradient AdamW sees, a new float32 array: grad / divisor (the mean over ranks
     and micro-steps with the loss scale taken out; one rounding), then times the
     clipping coefficient when it is not 1 (a second rounding)."""
-    g = np.divide(grad, divisor, dtype=np.float32)
+    g = unscaled(grad, divisor)
     if coef != 1:
         g *= coef
     return g

@@ -1,0 +1,237 @@
+"""Rounding float32 to fp16 and bf16 and widening back, on the bits: Numba kernels, each
+beside its NumPy twin (same signature, names and steps; tests/test_rounding.py checks
+them element by element, and over every float32 bit pattern).
+
+These are mixed precision's conversions (ZeRO, Sec. 3.1, after Micikevicius et al.):
+the 16-bit parameters rounded from the fp32 master weights, the gradients rounded
+into 16 bits after backward and after each sum. NumPy's own float32 -> float16 cast
+is correct but slow where it matters: a result that is subnormal or Inf costs it
+~150 ns an element (it raises the FPU's underflow/overflow flags one element at a
+time), and small gradients are exactly that. The kernels here cost ~1 ns.
+
+The rule, in every twin (this module, zero_ref/gpu/kernels.py's CUDA kernels):
+
+  finite and Inf   round to nearest, ties to even (IEEE's default; a float16 value
+                   at or above 65520 in magnitude becomes Inf, the loss scaler's signal)
+  NaN -> fp16      0x7E00 with the NaN's sign, the canonical quiet NaN
+  NaN -> bf16      0x7FC0, the canonical quiet NaN, positive
+  widening         exact (a 16-bit NaN keeps its sign and payload, as NumPy's and
+                   ml_dtypes' casts do)
+
+The NaN rule is torch's: c10::Half(float) (c10/util/Half.h,
+fp16_ieee_from_fp32_value) and c10::BFloat16(float) (c10/util/BFloat16.h,
+round_to_nearest_even). NumPy keeps a NaN's payload instead (a signalling
+0x7F800001 becomes the signalling 0x7C01), and ml_dtypes keeps bf16's sign; every
+non-NaN value agrees with both (docs/precision.md).
+
+Each scalar function below takes and returns the bits as a Python int; Numba compiles
+it for the CPU kernels, and numba.cuda compiles the same Python for the device.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+FP16_QUIET_NAN = 0x7E00  # sign | 0x7E00: torch's fp16 NaN
+BF16_QUIET_NAN = 0x7FC0  # torch's bf16 NaN, whatever the sign
+
+# float32 magnitudes (bits, sign cleared) where fp16 rounding changes regime
+F32_INF = 0x7F800000
+FP16_OVERFLOW = 0x477FF000  # 65520 = 65504 + half an ulp: ties to even, which is Inf
+FP16_MIN_NORMAL = 0x38800000  # 2^-14
+FP16_HALF_MIN_SUBNORMAL = 0x33000000  # 2^-25: at or below, +-0 (the tie goes to even 0)
+REBIAS = 0x38000000  # (127 - 15) << 23: float32's exponent bias to fp16's
+
+
+# ---- the scalar steps (compiled twice: CPU below, CUDA in zero_ref/gpu/kernels.py)
+def fp16_bits_py(b: int) -> int:
+    """fp16 bits of the float32 with bits b (round to nearest, ties to even). Every
+    case is computed and one selected, without branches: where normals and subnormals
+    mix, a branch per element mispredicts and costs several times the whole rounding."""
+    sign = (b >> 16) & 0x8000
+    a = b & 0x7FFFFFFF  # |x|
+    v = a - REBIAS  # normal: rebias, drop 13 bits; a carry bumps the exponent
+    normal = (v + 0xFFF + ((v >> 13) & 1)) >> 13
+    shift = min(max(126 - (a >> 23), 14), 24)  # subnormal: the significand in units of 2^-24
+    m = (a & 0x7FFFFF) | 0x800000
+    q = m >> shift
+    r = m - (q << shift)  # the bits shifted out
+    half = 1 << (shift - 1)
+    q += (r > half) | ((r == half) & ((q & 1) == 1))  # ties to even (0x400: the least normal)
+    h = normal if a >= FP16_MIN_NORMAL else (0 if a <= FP16_HALF_MIN_SUBNORMAL else q)
+    h = 0x7C00 if a >= FP16_OVERFLOW else h  # Inf, or a finite value that rounds to it
+    h = FP16_QUIET_NAN if a > F32_INF else h  # NaN: the canonical quiet NaN, its sign kept
+    return sign | h
+
+
+def bf16_bits_py(b: int) -> int:
+    """bf16 bits of the float32 with bits b (round to nearest, ties to even)."""
+    if (b & 0x7FFFFFFF) > F32_INF:  # NaN: the canonical quiet NaN
+        return BF16_QUIET_NAN
+    return (b + 0x7FFF + ((b >> 16) & 1)) >> 16  # a carry bumps the exponent (to Inf too)
+
+
+def fp16_widened_bits_py(h: int) -> int:
+    """float32 bits of the fp16 with bits h (exact)."""
+    sign = (h & 0x8000) << 16
+    e = (h >> 10) & 0x1F
+    m = h & 0x3FF
+    if e == 0x1F:  # Inf, or NaN with its payload
+        return sign | F32_INF | (m << 13)
+    if e != 0:  # normal: rebias
+        return sign | ((e + 112) << 23) | (m << 13)
+    if m == 0:  # +-0
+        return sign
+    p = 9  # subnormal m * 2^-24: normalise at m's leading bit p
+    while ((m >> p) & 1) == 0:
+        p -= 1
+    return sign | ((p + 103) << 23) | ((m << (23 - p)) & 0x7FFFFF)
+
+
+_jit = numba.njit(cache=True, nogil=True)
+fp16_bits = _jit(fp16_bits_py)
+bf16_bits = _jit(bf16_bits_py)
+fp16_widened_bits = _jit(fp16_widened_bits_py)
+
+
+# ---- Numba kernels: (rows, cols) bit arrays of any strides, dst written in place
+@_jit
+def round_fp16_kernel(src_bits, dst_bits):  # pragma: no cover - compiled
+    """dst_bits (uint16) <- fp16 bits of float32 src_bits (uint32)."""
+    for i in range(dst_bits.shape[0]):
+        for j in range(dst_bits.shape[1]):
+            dst_bits[i, j] = fp16_bits(np.int64(src_bits[i, j]))
+
+
+@_jit
+def round_bf16_kernel(src_bits, dst_bits):  # pragma: no cover - compiled
+    """dst_bits (uint16) <- bf16 bits of float32 src_bits (uint32)."""
+    for i in range(dst_bits.shape[0]):
+        for j in range(dst_bits.shape[1]):
+            dst_bits[i, j] = bf16_bits(np.int64(src_bits[i, j]))
+
+
+@_jit
+def _fp16_widening_table():  # pragma: no cover - compiled
+    """The float32 bits of all 65,536 fp16 bit patterns, by fp16_widened_bits."""
+    table = np.empty(1 << 16, np.uint32)
+    for h in range(1 << 16):
+        table[h] = fp16_widened_bits(h)
+    return table
+
+
+FP16_WIDENED = _fp16_widening_table()  # a lookup is faster than normalising subnormals
+
+
+@_jit
+def _widen_by_table(src_bits, dst_bits, table):  # pragma: no cover - compiled
+    for i in range(dst_bits.shape[0]):
+        for j in range(dst_bits.shape[1]):
+            dst_bits[i, j] = table[src_bits[i, j]]
+
+
+def widen_fp16_kernel(src_bits, dst_bits) -> None:
+    """dst_bits (uint32) <- float32 bits of fp16 src_bits (uint16): fp16_widened_bits,
+    looked up in its table of every fp16 pattern."""
+    _widen_by_table(src_bits, dst_bits, FP16_WIDENED)
+
+
+@_jit
+def widen_bf16_kernel(src_bits, dst_bits):  # pragma: no cover - compiled
+    """dst_bits (uint32) <- float32 bits of bf16 src_bits (uint16)."""
+    for i in range(dst_bits.shape[0]):
+        for j in range(dst_bits.shape[1]):
+            dst_bits[i, j] = np.uint32(src_bits[i, j]) << 16  # exact
+
+
+BF16_WIDENED = np.arange(1 << 16, dtype=np.uint32) << 16  # bf16 widens by a shift
+
+
+@_jit
+def _sum_widened_rows(words, out, table):  # pragma: no cover - compiled
+    for j in range(out.shape[0]):
+        total = table[words[0, j]]
+        for r in range(1, words.shape[0]):
+            total += table[words[r, j]]  # float32 + float32, one rounding, left to right
+        out[j] = total
+
+
+def sum_widened_rows_kernel(words, out, fp16: bool) -> None:
+    """float32 out (n,) <- ((w[0] + w[1]) + w[2]) + ... of the (W, n) 16-bit words
+    (fp16's, else bf16's), each widened exactly, summed in float32 in row order: a
+    16-bit sum over ranks in rank order, without a (W, n) float32 copy of the rows."""
+    table = FP16_WIDENED if fp16 else BF16_WIDENED
+    _sum_widened_rows(words, out, table.view(np.float32))
+
+
+# ---- NumPy twins: the same steps on whole arrays (any shape)
+def round_fp16_reference(src_bits: np.ndarray, dst_bits: np.ndarray) -> None:
+    """dst_bits (uint16) <- fp16 bits of float32 src_bits (uint32)."""
+    b = src_bits.astype(np.int64)
+    sign = (b >> 16) & 0x8000
+    a = b & 0x7FFFFFFF  # |x|
+    v = a - REBIAS  # normal: rebias, drop 13 bits; a carry bumps the exponent
+    normal = (v + 0xFFF + ((v >> 13) & 1)) >> 13
+    shift = np.clip(126 - (a >> 23), 14, 24)  # subnormal: units of 2^-24 (clipped lanes unused)
+    m = (a & 0x7FFFFF) | 0x800000
+    q = m >> shift
+    r = m - (q << shift)  # the bits shifted out
+    half = np.int64(1) << (shift - 1)
+    q += (r > half) | ((r == half) & ((q & 1) == 1))  # ties to even
+    out = np.where(a >= FP16_MIN_NORMAL, normal, np.where(a <= FP16_HALF_MIN_SUBNORMAL, 0, q))
+    out = np.where(a >= FP16_OVERFLOW, 0x7C00, out)  # Inf, or a finite value that rounds to it
+    out = np.where(a > F32_INF, FP16_QUIET_NAN, out)  # NaN: the canonical quiet NaN, its sign
+    dst_bits[...] = sign | out
+
+
+def round_bf16_reference(src_bits: np.ndarray, dst_bits: np.ndarray) -> None:
+    """dst_bits (uint16) <- bf16 bits of float32 src_bits (uint32)."""
+    b = src_bits.astype(np.int64)
+    out = (b + 0x7FFF + ((b >> 16) & 1)) >> 16  # a carry bumps the exponent (to Inf too)
+    dst_bits[...] = np.where((b & 0x7FFFFFFF) > F32_INF, BF16_QUIET_NAN, out)  # NaN
+
+
+def widen_fp16_reference(src_bits: np.ndarray, dst_bits: np.ndarray) -> None:
+    """dst_bits (uint32) <- float32 bits of fp16 src_bits (uint16)."""
+    h = src_bits.astype(np.int64)
+    sign = (h & 0x8000) << 16
+    e = (h >> 10) & 0x1F
+    m = h & 0x3FF
+    special = sign | F32_INF | (m << 13)  # Inf, or NaN with its payload
+    normal = sign | ((e + 112) << 23) | (m << 13)  # rebias
+    p = np.floor(np.log2(np.maximum(m, 1))).astype(np.int64)  # subnormal: m's leading bit
+    subnormal = sign | ((p + 103) << 23) | ((m << (23 - p)) & 0x7FFFFF)
+    out = np.where(e == 0x1F, special, np.where(e != 0, normal, np.where(m == 0, sign, subnormal)))
+    dst_bits[...] = out
+
+
+def widen_bf16_reference(src_bits: np.ndarray, dst_bits: np.ndarray) -> None:
+    """dst_bits (uint32) <- float32 bits of bf16 src_bits (uint16)."""
+    dst_bits[...] = src_bits.astype(np.uint32) << 16  # exact
+
+
+def sum_widened_rows_reference(words: np.ndarray, out: np.ndarray, fp16: bool) -> None:
+    """float32 out (n,) <- ((w[0] + w[1]) + w[2]) + ... of the (W, n) 16-bit words."""
+    rows = np.empty(words.shape, np.uint32)
+    (widen_fp16_reference if fp16 else widen_bf16_reference)(words, rows)
+    table = rows.view(np.float32)
+    out[...] = table[0]
+    with np.errstate(invalid="ignore"):  # Inf + -Inf (fp16 overflow): NaN, the scaler's signal
+        for r in range(1, words.shape[0]):
+            out += table[r]  # float32 + float32, one rounding, left to right
+
+
+# ---- calling the kernels on arrays of any layout
+def as_rows(x: np.ndarray) -> np.ndarray | None:
+    """x as a (rows, cols) view (the kernels' shape), or None where it has no such view."""
+    if x.ndim == 2:
+        return x
+    if x.ndim == 1:
+        return x[np.newaxis, :]
+    rows = x.view()
+    try:
+        rows.shape = (-1, x.shape[-1]) if x.ndim else (1, 1)
+    except AttributeError:  # reshaping this layout would copy
+        return None
+    return rows
