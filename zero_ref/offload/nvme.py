@@ -26,6 +26,7 @@ import numpy as np
 
 from zero_ref.engine.memory import MemoryLedger
 from zero_ref.io.atomic import process_alive
+from zero_ref.offload.malloc import return_freed_arrays_to_os
 from zero_ref.offload.swap_file import F32, OffloadIOError, OffloadSetupError, SwapFile
 
 FOLDER = re.compile(r"zero_ref_swap_r(\d+)_p(\d+)$")
@@ -153,6 +154,7 @@ class NvmeStore:
         except OSError as e:
             raise OffloadIOError(f"cannot create swap folder {self.folder}: {e}") from e
         self.ledger, self.files = ledger, []
+        self.malloc_returns_freed = return_freed_arrays_to_os()  # RAM is what the ledger says
         atexit.register(self.close)
 
     def zeros(self, category: str, name: str, numel: int, dtype: np.dtype = F32) -> np.ndarray:
