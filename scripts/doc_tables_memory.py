@@ -392,9 +392,8 @@ def offload_slope(before: Result, after: Result) -> str:
     rows = []
     for label, res in (("gradient shard in RAM", before), ("gradient shard on disk", after)):
         small, big = res.data["runs"]
-        tree = res.data["zero_ref"].rstrip("/").split("/")[-1]  # the folder PYTHONPATH named
-        commit = res.data.get("zero_ref_commit")
-        label += f" (the ranks ran {tree}'s zero_ref{f' at {commit}' if commit else ''})"
+        commit = res.data.get("zero_ref_commit")  # the code the ranks ran (older runs: none)
+        label += f" (zero_ref at {commit})" if commit else " (before this change)"
         rows.append(
             [
                 label,
