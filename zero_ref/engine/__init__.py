@@ -15,10 +15,11 @@ import numpy as np
 
 from zero_ref.comm.collectives import Comm
 from zero_ref.config import ZeroConfig
-from zero_ref.engine.stage0 import Stage0DataParallel, StepResult
+from zero_ref.engine.stage0 import Stage0DataParallel
 from zero_ref.engine.stage1 import Stage1OptimizerSharded
 from zero_ref.engine.stage2 import Stage2GradientsSharded
 from zero_ref.engine.stage3 import Stage3ParamsSharded
+from zero_ref.engine.step import StepResult
 from zero_ref.models.unit import Model
 
 LADDER = (Stage0DataParallel, Stage1OptimizerSharded, Stage2GradientsSharded, Stage3ParamsSharded)

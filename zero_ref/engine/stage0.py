@@ -19,16 +19,13 @@ and rounds them into the 16-bit parameters; with fp16 the loss is scaled
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import nullcontext
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 import numpy as np
 
 from zero_ref.comm.collectives import Comm
 from zero_ref.config import ZeroConfig
-from zero_ref.engine.compute import OPTIMIZER_CHUNK, compute_for
+from zero_ref.engine.compute import compute_for
 from zero_ref.engine.init_source import InitSource, as_init_source
 from zero_ref.engine.memory import (
     MemoryLedger,
@@ -39,30 +36,15 @@ from zero_ref.engine.memory import (
 from zero_ref.engine.packing import unpack_full
 from zero_ref.engine.placement import HostPlacement, placement_for
 from zero_ref.engine.precision import Precision
+from zero_ref.engine.state_io import StateIO
+from zero_ref.engine.step import SharedStep
 from zero_ref.layout.buckets import bucket_columns
-from zero_ref.layout.flat import FlatLayout, UnitLayout, model_layout, rank_rows, tensor_views
+from zero_ref.layout.flat import FlatLayout, Owned, UnitLayout, model_layout, tensor_views
 from zero_ref.models.unit import Model
 from zero_ref.offload.nvme import NvmeStore
 from zero_ref.offload.pipeline import OffloadedUpdate
 from zero_ref.offload.swap_file import ALIGN
-from zero_ref.optim.adamw import adamw_scalars, with_lr
-from zero_ref.optim.gradnorm import clip_coefficient
-from zero_ref.optim.loss_scale import LossScaleState, initial_state, next_state
-from zero_ref.optim.nonfinite import NonFiniteGradientError, describe_full_index, locate_nonfinite
-
-StateSink = Callable[[str, UnitLayout, np.ndarray], None]  # (kind, unit, padded flat range)
-Owned = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """What one optimizer step reports (identical on every rank)."""
-
-    step: int
-    loss: float  # mean over all ranks and micro-steps
-    grad_norm: float  # global norm of the averaged gradient, before clipping
-    skipped: bool = False  # a NaN/Inf gradient (skip policy, fp16 overflow): nothing changed
-    loss_scale: float = 1.0  # the scale backward multiplied the loss by (fp16), else 1
+from zero_ref.optim.loss_scale import LossScaleState, initial_state
 
 
 def _check_comm_matches(comm: Comm, cfg: ZeroConfig) -> None:
@@ -78,7 +60,7 @@ def _check_comm_matches(comm: Comm, cfg: ZeroConfig) -> None:
         comm.check_schedule = True
 
 
-class Stage0DataParallel:
+class Stage0DataParallel(SharedStep, StateIO):
     """Full replicas everywhere; Allreduce of the gradients."""
 
     stage = 0
@@ -313,236 +295,9 @@ class Stage0DataParallel:
     def after_update(self) -> None:
         """Stages 1-2 all-gather the updated parameters here."""
 
-    # ---- the loop every stage shares
-    def train_step(
-        self, inputs: np.ndarray, targets: np.ndarray, lr: float | None = None
-    ) -> StepResult:
-        """One optimizer step from this rank's micro-batches inputs[j], targets[j].
-
-        `lr` overrides the configured learning rate for this step (schedules)."""
-        k = self.cfg.grad_accum
-        if len(inputs) != k or len(targets) != k:
-            raise ValueError(f"train_step got {len(inputs)} micro-batches; grad_accum is {k}")
-        self.comm.set_context(step=self.step_count + 1)
-        scale = self.loss_scale()
-        loss_sum = sum(self.forward_backward(inputs[j], targets[j], j) for j in range(k))
-        steps_before = self.step_count
-        grad_norm = self.optimizer_step(lr)
-        self.comm.set_context(where="loss")
-        loss = self.comm.allreduce_float64(loss_sum, kind="loss") / (k * self.world)
-        self.comm.ledger.end_step()
-        skipped = self.step_count == steps_before
-        return StepResult(self.step_count, loss, grad_norm, skipped, scale)
-
-    def loss_scale(self) -> float:
-        """The scale backward multiplies the loss by this step (1 without fp16)."""
-        return 1.0 if self.scaler is None else self.scaler.scale
-
-    def forward_backward(self, x: np.ndarray, targets: np.ndarray, micro: int) -> float:
-        """Forward unit by unit, the loss, backward in reverse; returns the loss.
-
-        With cfg.checkpoint_activations a unit keeps only its input between forward
-        and backward, and runs its forward again right before its backward (at stage
-        3 just after the gather backward needs anyway): the activations of one unit
-        at a time, for a second forward's compute. The recomputed cache is the same,
-        bit for bit, so results do not change. With fp16 the loss's gradient is
-        multiplied by the loss scale, so every gradient is that many times larger."""
-        kept = []  # per unit: what its backward needs (its cache, or its input)
-        for i, unit in enumerate(self.model.units):
-            self.comm.set_context(where=f"micro-step {micro} forward {unit.name}")
-            x_in = x
-            params = self.unit_params(i)  # stage 3 gathers here, outside the unit's span
-            with self._span(f"forward {unit.name}", micro=micro):
-                x, cache = unit.forward(params, x)
-            params = None
-            self.release_unit_params(i)
-            kept.append(x_in if self.cfg.checkpoint_activations else cache)
-            cache = None
-        loss, dout = self.model.loss(x, targets)
-        if self.scaler is not None:
-            dout = dout * np.float32(self.scaler.scale)
-        for i in range(len(self.model.units) - 1, -1, -1):
-            unit = self.model.units[i]
-            self.comm.set_context(where=f"micro-step {micro} backward {unit.name}")
-            params = self.unit_params(i)
-            with self._span(f"backward {unit.name}", micro=micro):
-                if self.cfg.checkpoint_activations:
-                    cache = unit.forward(params, kept[i])[1]  # the forward again, for its cache
-                else:
-                    cache = kept[i]
-                kept[i] = None
-                dout = unit.backward(params, cache, dout, self.unit_grads(i))
-            cache = None
-            self.release_unit_params(i)
-            self.on_unit_backward_done(i, micro)
-        self.comm.set_context(where=f"micro-step {micro} gradient reduction")
-        self.on_backward_done(micro)
-        return loss
-
-    def _span(self, name: str, lane: str = "compute", **args):
-        """A timed event on the trace (--trace), or nothing."""
-        return nullcontext() if self.trace is None else self.trace.span(name, lane, **args)
-
-    def optimizer_step(self, lr: float | None = None) -> float:
-        """The update phase, timed on the trace's optimizer lane (see _optimizer_step),
-        named after the run's step it attempts: a skipped step (fp16 overflow) is one
-        too, marked so, though the optimizer's own count does not advance."""
-        trying = getattr(self.trace, "step", None) or self.step_count + 1  # no trace: unused
-        with self._span(f"optimizer step {trying}", "optimizer") as args:
-            steps_before = self.step_count
-            norm = self._optimizer_step(lr)
-            if args is not None:
-                args.update(skipped=self.step_count == steps_before, adamw_step=self.step_count)
-            return norm
-
-    def _optimizer_step(self, lr: float | None = None) -> float:
-        """Average and unscale, clip by the global norm, AdamW on the owned slices;
-        returns the norm.
-
-        The gradient AdamW sees is g = grad / (W k S) in float32 (S the loss scale
-        backward used, 1 without fp16), computed chunk by chunk from the stored
-        gradient, twice: once for the norm, once for the update, so no float32 copy
-        of a 16-bit gradient is ever whole. A non-finite norm (the same on every
-        rank) means a NaN/Inf somewhere: with fp16 an overflow, and the step is
-        skipped; otherwise the `nonfinite` policy raises or skips. A skipped step
-        leaves params, optimizer state and the step count untouched on every rank.
-        fp16's scaler then moves (zero_ref/optim/loss_scale.py). The compute policy
-        says where it runs: on the update's own arrays, or (ZeRO-Offload) on host
-        copies of the gradients, the parameters moved back up after."""
-        self.comm.set_context(where="optimizer step")
-        owned = self.compute.owned_for_update(self.owned_slices())
-        divisor = self._grad_divisor()
-        grads = [g for _, g, _, _, _ in owned]
-        norm = self._grad_norm(grads, divisor)
-        skip = not math.isfinite(norm) and self._skip_nonfinite(grads)
-        if self.scaler is not None:
-            self.scaler = next_state(self.cfg.loss_scale, self.scaler, overflow=skip)
-        if skip:
-            return norm
-        self.step_count += 1
-        coef = clip_coefficient(norm, self.cfg.clip)
-        s = adamw_scalars(with_lr(self.cfg.optimizer, lr), self.step_count)
-
-        def update(param, grad, master, exp_avg, exp_avg_sq) -> None:
-            """One piece (a RAM chunk or an offloaded sub-group): unscale, clip, AdamW on
-            the master, round into the params."""
-            self.compute.update(param, grad, master, exp_avg, exp_avg_sq, divisor, coef, s)
-
-        if self.offloaded is not None:  # the state streams from swap files (docs/offload.md)
-            self.offloaded.run(owned, update)
-        else:
-            for param, grad, master, exp_avg, exp_avg_sq in owned:
-                for lo in range(0, grad.size, OPTIMIZER_CHUNK):
-                    hi = lo + OPTIMIZER_CHUNK
-                    update(
-                        param[lo:hi], grad[lo:hi], master[lo:hi], exp_avg[lo:hi], exp_avg_sq[lo:hi]
-                    )
-        self.compute.finish_update()
-        self.after_update()
-        return norm
-
-    def _grad_divisor(self) -> np.float32:
-        """W k S: the stored gradient over this is the mean AdamW sees (S: loss scale)."""
-        return np.float32(self.world * self.cfg.grad_accum * self.loss_scale())
-
-    def _grad_norm(self, grads: list[np.ndarray], divisor: np.float32) -> float:
-        """The global norm of grads / divisor (stages 2-3 ask their gradient shard)."""
-        return self.compute.grad_norm(grads, divisor, self.norm_comm(), self.cfg.deterministic)
-
-    def _first_nonfinite(self, grads: list[np.ndarray]) -> int | None:
-        """Position of the first NaN/Inf in this rank's owned gradients, or None."""
-        return self.compute.first_nonfinite(grads)
-
-    def _skip_nonfinite(self, grads: list[np.ndarray]) -> bool:
-        """Find the first NaN/Inf over all ranks; with fp16 (an overflow) or the "skip"
-        policy return True, else ("raise") raise an error naming the parameter."""
-        full_index = locate_nonfinite(
-            grads, self.layout, self.rank, self.norm_comm(), self._first_nonfinite
-        )
-        if full_index is None:
-            return False  # finite gradients whose float32 norm overflowed: step as before
-        if self.cfg.nonfinite == "skip" or self.scaler is not None:
-            return True
-        raise NonFiniteGradientError(
-            f"non-finite gradient (NaN or Inf) in {describe_full_index(self.layout, full_index)}"
-            f" at step {self.step_count + 1}"
-        )
-
     # ---- using and reading the result
-    def forward(self, x: np.ndarray) -> np.ndarray:
-        """The model's output for x, unit by unit as training computes it (a collective
-        at stage 3, which gathers each unit: every rank must call it with the same x)."""
-        for i, unit in enumerate(self.model.units):
-            x, _ = unit.forward(self.unit_params(i), x)
-            self.release_unit_params(i)
-        return self.place.to_host(x)  # a device's output copied to host memory
-
     def full_parameters(self) -> dict[str, np.ndarray]:
         """Every parameter, a full copy on every rank (a collective at stage 3): for tests
         and small models. Runs stream the state to rank 0 instead (stream_state). With
         16-bit parameters these are the float32 master weights they are rounded from."""
         return unpack_full(self.place.to_host(self.master), self.layout)
-
-    def stream_state(self, kinds: Sequence[str], sink: StateSink) -> None:
-        """Hand rank 0 each unit's padded range of each state buffer in `kinds`
-        ("param", "exp_avg", "exp_avg_sq"), unit after unit: sink(kind, unit, flat)
-        runs on rank 0 alone. A collective; no rank ever holds a full-size copy
-        (a buffer this rank keeps whole is lent as a view, a sharded one is
-        gathered one unit at a time into a landing buffer on rank 0 only)."""
-        self.comm.set_context(where="consolidate")
-        landing = None  # rank 0's, made when a sharded buffer first needs it
-        for unit in self.layout.units:
-            for kind in kinds:
-                whole, shard = self._state_buffers(kind)
-                if whole is not None:
-                    flat = whole[unit.full_slice()]  # lent as a view: no copy
-                else:
-                    if self.rank == 0 and landing is None:
-                        landing = self._landing_buffer()
-                    flat = None if landing is None else landing[: unit.padded_numel]
-                    if unit.padded_numel:
-                        self.comm.gather_to_root(shard[unit.shard_slice()], flat, "consolidate")
-                    self.release_pages(shard[unit.shard_slice()])
-                if self.rank == 0:
-                    sink(kind, unit, self.place.to_host(flat))  # host memory: a device's copied
-        if self.memory.holds("buffers", "landing"):
-            self.memory.drop("buffers", "landing")
-        self.release_offloaded()
-
-    def owned_state(self, kind: str, unit: UnitLayout) -> np.ndarray:
-        """This rank's slice of `unit` in state buffer `kind` ("param", "exp_avg",
-        "exp_avg_sq"), as a view: what this rank's checkpoint file holds. Every stage
-        saves the same slices, so a checkpoint does not depend on the stage."""
-        whole, shard = self._state_buffers(kind)
-        if whole is not None:
-            return self.place.to_host(rank_rows(whole[unit.full_slice()], unit)[self.rank])
-        return self.place.to_host(shard[unit.shard_slice()])
-
-    def load_state(self, kind: str, source: InitSource) -> None:
-        """Overwrite state buffer `kind` with what `source` holds for it, reading only
-        what this rank keeps: whole units where it keeps the buffer whole, its own
-        slices where the stage shards it (resuming from a checkpoint). "param" fills
-        the master weights and, rounded, the 16-bit parameters, as at creation."""
-        if kind == "param":
-            self._fill_params(source)
-        else:
-            whole, shard = self._state_buffers(kind)
-            for unit in self.layout.units:
-                if whole is not None:
-                    self._fill(source, unit, whole[unit.full_slice()], 0, unit.padded_numel)
-                else:
-                    lo = self.rank * unit.shard_numel
-                    self._fill(source, unit, shard[unit.shard_slice()], lo, lo + unit.shard_numel)
-                    self.release_pages(shard[unit.shard_slice()])
-        self.release_offloaded()
-
-    def _landing_buffer(self) -> np.ndarray:
-        """Where rank 0 receives a sharded unit: a buffer of the widest unit, held while
-        streaming (stage 3 lends its idle gathered-unit buffer instead)."""
-        return self.place.empty("buffers", "landing", self.layout.widest_unit_numel)
-
-    def _state_buffers(self, kind: str) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """(the full buffer if this rank keeps it whole, else None; its shard buffer).
-        "param" is the float32 master weights (the parameters themselves in fp32)."""
-        whole = {"param": self.master, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
-        return whole[kind], None

@@ -20,8 +20,8 @@ from zero_ref.engine.grad_buckets import GradientBuckets, RowsOfFullGradient, bu
 from zero_ref.engine.grad_shard import GradShardInRam
 from zero_ref.engine.init_source import InitSource
 from zero_ref.engine.packing import unpack_full
-from zero_ref.engine.stage0 import Owned, Stage0DataParallel
-from zero_ref.layout.flat import UnitLayout, rank_rows
+from zero_ref.engine.stage0 import Stage0DataParallel
+from zero_ref.layout.flat import Owned, UnitLayout, rank_rows
 
 
 class Stage1OptimizerSharded(Stage0DataParallel):

@@ -14,9 +14,8 @@ import numpy as np
 
 from zero_ref.engine.init_source import InitSource
 from zero_ref.engine.packing import unpack_full
-from zero_ref.engine.stage0 import Owned
 from zero_ref.engine.stage2 import Stage2GradientsSharded
-from zero_ref.layout.flat import tensor_views
+from zero_ref.layout.flat import Owned, tensor_views
 
 
 class Stage3ParamsSharded(Stage2GradientsSharded):

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 Shape = tuple[int, ...]
+# (param, grad, master, exp_avg, exp_avg_sq): 1-D views of what one rank updates
+Owned = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 @dataclass(frozen=True)

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from zero_ref.layout.flat import Owned
 from zero_ref.offload.nvme import NvmeStore
 from zero_ref.offload.swap_file import ALIGN, SwapFile
 
-Owned = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 ChunkUpdate = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]
 SWAP_LANES = {"read": "swap reads", "update": "adamw sub-groups", "write": "swap writes"}
 

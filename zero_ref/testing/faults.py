@@ -124,7 +124,7 @@ def arm(fault: Fault, engine) -> None:
 
 def _wrong_bias_correction(fault: Fault, engine) -> None:
     """The engine's next optimizer step computes its AdamW scalars for one step later."""
-    from zero_ref.engine import stage0
+    from zero_ref.engine import step as stage0
 
     right = stage0.adamw_scalars
 

@@ -1,0 +1,89 @@
+"""Checkpoint and export I/O over a stage's state: what each rank saves, loads and
+streams to rank 0, unit by unit, whatever the stage (the checkpoint writer,
+zero_ref/checkpoint/, and the oracle check, zero_ref/app/oracle_check.py, read
+the engine through these).
+
+A stage keeps each state buffer ("param": the float32 master weights, "exp_avg",
+"exp_avg_sq") whole or as this rank's shard (Sec. 5.1: P_os shards the optimizer
+state, Sec. 5.3: P_os+g+p the parameters too); `_state_buffers` says which.
+Every stage saves the same slices, so a checkpoint does not depend on the stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from zero_ref.engine.init_source import InitSource
+from zero_ref.layout.flat import UnitLayout, rank_rows
+
+StateSink = Callable[[str, UnitLayout, np.ndarray], None]  # (kind, unit, padded flat range)
+
+
+class StateIO:
+    """stream_state, owned_state and load_state over `_state_buffers` (a stage's)."""
+
+    def stream_state(self, kinds: Sequence[str], sink: StateSink) -> None:
+        """Hand rank 0 each unit's padded range of each state buffer in `kinds`
+        ("param", "exp_avg", "exp_avg_sq"), unit after unit: sink(kind, unit, flat)
+        runs on rank 0 alone. A collective; no rank ever holds a full-size copy
+        (a buffer this rank keeps whole is lent as a view, a sharded one is
+        gathered one unit at a time into a landing buffer on rank 0 only)."""
+        self.comm.set_context(where="consolidate")
+        landing = None  # rank 0's, made when a sharded buffer first needs it
+        for unit in self.layout.units:
+            for kind in kinds:
+                whole, shard = self._state_buffers(kind)
+                if whole is not None:
+                    flat = whole[unit.full_slice()]  # lent as a view: no copy
+                else:
+                    if self.rank == 0 and landing is None:
+                        landing = self._landing_buffer()
+                    flat = None if landing is None else landing[: unit.padded_numel]
+                    if unit.padded_numel:
+                        self.comm.gather_to_root(shard[unit.shard_slice()], flat, "consolidate")
+                    self.release_pages(shard[unit.shard_slice()])
+                if self.rank == 0:
+                    sink(kind, unit, self.place.to_host(flat))  # host memory: a device's copied
+        if self.memory.holds("buffers", "landing"):
+            self.memory.drop("buffers", "landing")
+        self.release_offloaded()
+
+    def owned_state(self, kind: str, unit: UnitLayout) -> np.ndarray:
+        """This rank's slice of `unit` in state buffer `kind` ("param", "exp_avg",
+        "exp_avg_sq"), as a view: what this rank's checkpoint file holds. Every stage
+        saves the same slices, so a checkpoint does not depend on the stage."""
+        whole, shard = self._state_buffers(kind)
+        if whole is not None:
+            return self.place.to_host(rank_rows(whole[unit.full_slice()], unit)[self.rank])
+        return self.place.to_host(shard[unit.shard_slice()])
+
+    def load_state(self, kind: str, source: InitSource) -> None:
+        """Overwrite state buffer `kind` with what `source` holds for it, reading only
+        what this rank keeps: whole units where it keeps the buffer whole, its own
+        slices where the stage shards it (resuming from a checkpoint). "param" fills
+        the master weights and, rounded, the 16-bit parameters, as at creation."""
+        if kind == "param":
+            self._fill_params(source)
+        else:
+            whole, shard = self._state_buffers(kind)
+            for unit in self.layout.units:
+                if whole is not None:
+                    self._fill(source, unit, whole[unit.full_slice()], 0, unit.padded_numel)
+                else:
+                    lo = self.rank * unit.shard_numel
+                    self._fill(source, unit, shard[unit.shard_slice()], lo, lo + unit.shard_numel)
+                    self.release_pages(shard[unit.shard_slice()])
+        self.release_offloaded()
+
+    def _landing_buffer(self) -> np.ndarray:
+        """Where rank 0 receives a sharded unit: a buffer of the widest unit, held while
+        streaming (stage 3 lends its idle gathered-unit buffer instead)."""
+        return self.place.empty("buffers", "landing", self.layout.widest_unit_numel)
+
+    def _state_buffers(self, kind: str) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """(the full buffer if this rank keeps it whole, else None; its shard buffer).
+        "param" is the float32 master weights (the parameters themselves in fp32)."""
+        whole = {"param": self.master, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
+        return whole[kind], None

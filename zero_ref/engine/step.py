@@ -1,0 +1,202 @@
+"""The step every stage shares (ZeRO, Sec. 5): forward through the units, the loss,
+backward in reverse, the update phase; and what a step reports.
+
+A stage says where memory lives and which collectives run through the hooks this
+loop calls (unit_params, release_unit_params, unit_grads, on_unit_backward_done,
+on_backward_done, owned_slices, norm_comm, after_update); the order of the
+forward, backward and update is written here once, so every stage runs it the
+same and the oracle (zero_ref/oracle.py) can follow it.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+
+from zero_ref.engine.compute import OPTIMIZER_CHUNK
+from zero_ref.optim.adamw import adamw_scalars, with_lr
+from zero_ref.optim.gradnorm import clip_coefficient
+from zero_ref.optim.loss_scale import next_state
+from zero_ref.optim.nonfinite import NonFiniteGradientError, describe_full_index, locate_nonfinite
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one optimizer step reports (identical on every rank)."""
+
+    step: int
+    loss: float  # mean over all ranks and micro-steps
+    grad_norm: float  # global norm of the averaged gradient, before clipping
+    skipped: bool = False  # a NaN/Inf gradient (skip policy, fp16 overflow): nothing changed
+    loss_scale: float = 1.0  # the scale backward multiplied the loss by (fp16), else 1
+
+
+class SharedStep:
+    """The loop of Sec. 5 every stage runs; the stage classes supply its hooks."""
+
+    # ---- the loop every stage shares
+    def train_step(
+        self, inputs: np.ndarray, targets: np.ndarray, lr: float | None = None
+    ) -> StepResult:
+        """One optimizer step from this rank's micro-batches inputs[j], targets[j].
+
+        `lr` overrides the configured learning rate for this step (schedules)."""
+        k = self.cfg.grad_accum
+        if len(inputs) != k or len(targets) != k:
+            raise ValueError(f"train_step got {len(inputs)} micro-batches; grad_accum is {k}")
+        self.comm.set_context(step=self.step_count + 1)
+        scale = self.loss_scale()
+        loss_sum = sum(self.forward_backward(inputs[j], targets[j], j) for j in range(k))
+        steps_before = self.step_count
+        grad_norm = self.optimizer_step(lr)
+        self.comm.set_context(where="loss")
+        loss = self.comm.allreduce_float64(loss_sum, kind="loss") / (k * self.world)
+        self.comm.ledger.end_step()
+        skipped = self.step_count == steps_before
+        return StepResult(self.step_count, loss, grad_norm, skipped, scale)
+
+    def loss_scale(self) -> float:
+        """The scale backward multiplies the loss by this step (1 without fp16)."""
+        return 1.0 if self.scaler is None else self.scaler.scale
+
+    def forward_backward(self, x: np.ndarray, targets: np.ndarray, micro: int) -> float:
+        """Forward unit by unit, the loss, backward in reverse; returns the loss.
+
+        With cfg.checkpoint_activations a unit keeps only its input between forward
+        and backward, and runs its forward again right before its backward (at stage
+        3 just after the gather backward needs anyway): the activations of one unit
+        at a time, for a second forward's compute. The recomputed cache is the same,
+        bit for bit, so results do not change. With fp16 the loss's gradient is
+        multiplied by the loss scale, so every gradient is that many times larger."""
+        kept = []  # per unit: what its backward needs (its cache, or its input)
+        for i, unit in enumerate(self.model.units):
+            self.comm.set_context(where=f"micro-step {micro} forward {unit.name}")
+            x_in = x
+            params = self.unit_params(i)  # stage 3 gathers here, outside the unit's span
+            with self._span(f"forward {unit.name}", micro=micro):
+                x, cache = unit.forward(params, x)
+            params = None
+            self.release_unit_params(i)
+            kept.append(x_in if self.cfg.checkpoint_activations else cache)
+            cache = None
+        loss, dout = self.model.loss(x, targets)
+        if self.scaler is not None:
+            dout = dout * np.float32(self.scaler.scale)
+        for i in range(len(self.model.units) - 1, -1, -1):
+            unit = self.model.units[i]
+            self.comm.set_context(where=f"micro-step {micro} backward {unit.name}")
+            params = self.unit_params(i)
+            with self._span(f"backward {unit.name}", micro=micro):
+                if self.cfg.checkpoint_activations:
+                    cache = unit.forward(params, kept[i])[1]  # the forward again, for its cache
+                else:
+                    cache = kept[i]
+                kept[i] = None
+                dout = unit.backward(params, cache, dout, self.unit_grads(i))
+            cache = None
+            self.release_unit_params(i)
+            self.on_unit_backward_done(i, micro)
+        self.comm.set_context(where=f"micro-step {micro} gradient reduction")
+        self.on_backward_done(micro)
+        return loss
+
+    def _span(self, name: str, lane: str = "compute", **args):
+        """A timed event on the trace (--trace), or nothing."""
+        return nullcontext() if self.trace is None else self.trace.span(name, lane, **args)
+
+    def optimizer_step(self, lr: float | None = None) -> float:
+        """The update phase, timed on the trace's optimizer lane (see _optimizer_step),
+        named after the run's step it attempts: a skipped step (fp16 overflow) is one
+        too, marked so, though the optimizer's own count does not advance."""
+        trying = getattr(self.trace, "step", None) or self.step_count + 1  # no trace: unused
+        with self._span(f"optimizer step {trying}", "optimizer") as args:
+            steps_before = self.step_count
+            norm = self._optimizer_step(lr)
+            if args is not None:
+                args.update(skipped=self.step_count == steps_before, adamw_step=self.step_count)
+            return norm
+
+    def _optimizer_step(self, lr: float | None = None) -> float:
+        """Average and unscale, clip by the global norm, AdamW on the owned slices;
+        returns the norm.
+
+        The gradient AdamW sees is g = grad / (W k S) in float32 (S the loss scale
+        backward used, 1 without fp16), computed chunk by chunk from the stored
+        gradient, twice: once for the norm, once for the update, so no float32 copy
+        of a 16-bit gradient is ever whole. A non-finite norm (the same on every
+        rank) means a NaN/Inf somewhere: with fp16 an overflow, and the step is
+        skipped; otherwise the `nonfinite` policy raises or skips. A skipped step
+        leaves params, optimizer state and the step count untouched on every rank.
+        fp16's scaler then moves (zero_ref/optim/loss_scale.py). The compute policy
+        says where it runs: on the update's own arrays, or (ZeRO-Offload) on host
+        copies of the gradients, the parameters moved back up after."""
+        self.comm.set_context(where="optimizer step")
+        owned = self.compute.owned_for_update(self.owned_slices())
+        divisor = self._grad_divisor()
+        grads = [g for _, g, _, _, _ in owned]
+        norm = self._grad_norm(grads, divisor)
+        skip = not math.isfinite(norm) and self._skip_nonfinite(grads)
+        if self.scaler is not None:
+            self.scaler = next_state(self.cfg.loss_scale, self.scaler, overflow=skip)
+        if skip:
+            return norm
+        self.step_count += 1
+        coef = clip_coefficient(norm, self.cfg.clip)
+        s = adamw_scalars(with_lr(self.cfg.optimizer, lr), self.step_count)
+
+        def update(param, grad, master, exp_avg, exp_avg_sq) -> None:
+            """One piece (a RAM chunk or an offloaded sub-group): unscale, clip, AdamW on
+            the master, round into the params."""
+            self.compute.update(param, grad, master, exp_avg, exp_avg_sq, divisor, coef, s)
+
+        if self.offloaded is not None:  # the state streams from swap files (docs/offload.md)
+            self.offloaded.run(owned, update)
+        else:
+            for param, grad, master, exp_avg, exp_avg_sq in owned:
+                for lo in range(0, grad.size, OPTIMIZER_CHUNK):
+                    hi = lo + OPTIMIZER_CHUNK
+                    update(
+                        param[lo:hi], grad[lo:hi], master[lo:hi], exp_avg[lo:hi], exp_avg_sq[lo:hi]
+                    )
+        self.compute.finish_update()
+        self.after_update()
+        return norm
+
+    def _grad_divisor(self) -> np.float32:
+        """W k S: the stored gradient over this is the mean AdamW sees (S: loss scale)."""
+        return np.float32(self.world * self.cfg.grad_accum * self.loss_scale())
+
+    def _grad_norm(self, grads: list[np.ndarray], divisor: np.float32) -> float:
+        """The global norm of grads / divisor (stages 2-3 ask their gradient shard)."""
+        return self.compute.grad_norm(grads, divisor, self.norm_comm(), self.cfg.deterministic)
+
+    def _first_nonfinite(self, grads: list[np.ndarray]) -> int | None:
+        """Position of the first NaN/Inf in this rank's owned gradients, or None."""
+        return self.compute.first_nonfinite(grads)
+
+    def _skip_nonfinite(self, grads: list[np.ndarray]) -> bool:
+        """Find the first NaN/Inf over all ranks; with fp16 (an overflow) or the "skip"
+        policy return True, else ("raise") raise an error naming the parameter."""
+        full_index = locate_nonfinite(
+            grads, self.layout, self.rank, self.norm_comm(), self._first_nonfinite
+        )
+        if full_index is None:
+            return False  # finite gradients whose float32 norm overflowed: step as before
+        if self.cfg.nonfinite == "skip" or self.scaler is not None:
+            return True
+        raise NonFiniteGradientError(
+            f"non-finite gradient (NaN or Inf) in {describe_full_index(self.layout, full_index)}"
+            f" at step {self.step_count + 1}"
+        )
+
+    # ---- using and reading the result
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """The model's output for x, unit by unit as training computes it (a collective
+        at stage 3, which gathers each unit: every rank must call it with the same x)."""
+        for i, unit in enumerate(self.model.units):
+            x, _ = unit.forward(self.unit_params(i), x)
+            self.release_unit_params(i)
+        return self.place.to_host(x)  # a device's output copied to host memory
