@@ -44,7 +44,7 @@ from zero_ref.models.unit import Model
 from zero_ref.offload.nvme import NvmeStore
 from zero_ref.offload.pipeline import OffloadedUpdate
 from zero_ref.offload.swap_file import ALIGN
-from zero_ref.optim.loss_scale import LossScaleState, initial_state
+from zero_ref.optim.loss_scale import LossScaleState
 
 
 def _check_comm_matches(comm: Comm, cfg: ZeroConfig) -> None:
@@ -83,9 +83,7 @@ class Stage0DataParallel(SharedStep, StateIO):
         )
         comm.track_memory(self.memory)  # host staging buffers (--device gpu), if any
         self.precision = Precision.of(cfg)  # the dtype of each kind of array
-        self.scaler: LossScaleState | None = None  # fp16's loss scaler
-        if self.precision.scaled:
-            self.scaler = initial_state(cfg.loss_scale)
+        self.scaler: LossScaleState | None = self.precision.initial_scaler(cfg.loss_scale)
         self.step_count = 0
         self.trace = None  # a zero_ref.io.trace.Trace (--trace): units and the update, timed
         _check_comm_matches(comm, cfg)
@@ -103,19 +101,20 @@ class Stage0DataParallel(SharedStep, StateIO):
         weights (full at stage 0), filled unit by unit from the source."""
         n, p = self.layout.full_numel, self.precision
         self.full_params = self.place.zeros("params", "full_params", n, p.param)
-        self.master = self.full_params  # float32 parameters are their own master
-        if p.mixed:
-            self.master = self._optimizer_array("master_params")
+        self.master = p.master_for(self.full_params, self._new_master)
         self._init_compute_scratch()
         self._fill_params(source)
+
+    def _new_master(self) -> np.ndarray:
+        """16-bit parameters: the optimizer's float32 master weights, as m and v are kept."""
+        return self._optimizer_array("master_params")
 
     def _fill_params(self, source: InitSource) -> None:
         """Parameters from the source (creation, or resuming): the float32 values go
         to the master weights, rounded once into the 16-bit parameters."""
         for unit in self.layout.units:
             self._fill(source, unit, self.master[unit.full_slice()], 0, unit.padded_numel)
-        if self.master is not self.full_params:
-            self.place.round_into(self.full_params, self.master)
+        self.precision.round_master(self.place, self.full_params, self.master)
 
     def _fill(self, source: InitSource, unit: UnitLayout, dst, lo: int, hi: int) -> None:
         """dst <- elements [lo, hi) of `unit` from the source, which writes host memory
@@ -124,10 +123,8 @@ class Stage0DataParallel(SharedStep, StateIO):
 
     def _init_compute_scratch(self) -> None:
         """With 16-bit parameters: one unit's float32 widened copy, which the model reads."""
-        self.param_scratch = None
-        if self.precision.mixed:
-            widest = self.layout.widest_unit_numel
-            self.param_scratch = self.place.empty("buffers", "unit_param_scratch", widest)
+        widest = self.layout.widest_unit_numel
+        self.param_scratch = self.precision.param_scratch(self.place, widest)
 
     def _init_grads(self) -> None:
         n, dtype = self.layout.full_numel, self.precision.grad
@@ -136,18 +133,13 @@ class Stage0DataParallel(SharedStep, StateIO):
         if self.cfg.grad_accum > 1:
             self.grad_acc = self.place.zeros("grads", "full_grad_acc", n, dtype)
         self._init_grad_scratch()
-        self.wire = None  # stage 0's staging chunk when the wire's dtype is not the gradients'
-        if self.precision.comm != dtype:
-            numel = min(self._allreduce_chunk(), n)
-            self.wire = self.place.zeros("buffers", "wire_chunk", numel, self.precision.comm)
+        self.wire = self.precision.wire_for(self.place, min(self._allreduce_chunk(), n))
 
     def _init_grad_scratch(self) -> None:
         """Backward writes float32: with 16-bit gradients it writes one unit into this
         scratch, which is then rounded once into the gradient buffer."""
-        self.unit_grad_scratch = None
-        if self.precision.grad != np.float32:
-            widest = self.layout.widest_unit_numel
-            self.unit_grad_scratch = self.place.zeros("buffers", "unit_grad_scratch", widest)
+        widest = self.layout.widest_unit_numel
+        self.unit_grad_scratch = self.precision.grad_scratch(self.place, widest)
 
     def _init_optimizer(self) -> None:
         """AdamW's m and v (float32), for what this rank updates."""
@@ -231,9 +223,7 @@ class Stage0DataParallel(SharedStep, StateIO):
     def _widened(self, flat: np.ndarray) -> np.ndarray:
         """A unit's parameters as the model reads them: float32 ones as they are,
         16-bit ones widened (exactly) into the float32 scratch."""
-        if self.param_scratch is None:
-            return flat
-        return self.place.widen_into(self.param_scratch[: flat.size], flat)
+        return self.precision.widened(self.place, self.param_scratch, flat)
 
     def release_unit_params(self, i: int) -> None:
         """Stage 3 frees the gathered unit here; below it there is nothing to free."""
@@ -242,9 +232,9 @@ class Stage0DataParallel(SharedStep, StateIO):
         """Where backward writes unit i's float32 gradients: the gradient buffer itself,
         or (16-bit gradients) the float32 scratch."""
         unit = self.layout.units[i]
-        if self.unit_grad_scratch is None:
-            return tensor_views(self.full_grads[unit.full_slice()], unit)
-        return tensor_views(self._zeroed_scratch(unit), unit)
+        full = self.full_grads[unit.full_slice()]
+        target = self.precision.backward_target(full, lambda: self._zeroed_scratch(unit))
+        return tensor_views(target, unit)
 
     def _zeroed_scratch(self, unit: UnitLayout) -> np.ndarray:
         """The gradient scratch for `unit`, its padding zero (backward writes the rest)."""
@@ -254,10 +244,8 @@ class Stage0DataParallel(SharedStep, StateIO):
     def on_unit_backward_done(self, i: int, micro: int) -> None:
         """16-bit gradients: round the unit's float32 scratch once into the buffer.
         (Stage 2 reduce-scatters full buckets here.)"""
-        if self.unit_grad_scratch is not None:
-            unit = self.layout.units[i]
-            scratch = self.unit_grad_scratch[: unit.padded_numel]
-            self.place.round_into(self.full_grads[unit.full_slice()], scratch)
+        dst = self.full_grads[self.layout.units[i].full_slice()]
+        self.precision.store_unit_grads(self.place, dst, self.unit_grad_scratch)
 
     def _allreduce_chunk(self) -> int:
         return bucket_columns(self.cfg.bucket_numel, self.world) * self.world
@@ -266,12 +254,7 @@ class Stage0DataParallel(SharedStep, StateIO):
         """All-reduce the gradients in chunks; a wire of another dtype is staged."""
         chunk = self._allreduce_chunk()
         for start in range(0, self.layout.full_numel, chunk):
-            grads = self.full_grads[start : start + chunk]
-            if self.wire is None:
-                self.comm.allreduce_sum(grads)
-                continue
-            wire = self.place.round_into(self.wire[: grads.size], grads)
-            self.comm.allreduce_sum_into(wire, grads)
+            self.wire.allreduce(self.comm, self.full_grads[start : start + chunk])
         if self.grad_acc is not self.full_grads:
             self._accumulate(self.grad_acc, self.full_grads, first=micro == 0)
 
@@ -287,6 +270,9 @@ class Stage0DataParallel(SharedStep, StateIO):
         """(param, grad, master, exp_avg, exp_avg_sq) 1-D views this rank updates; master
         is param itself when parameters are float32."""
         return [(self.full_params, self.grad_acc, self.master, self.exp_avg, self.exp_avg_sq)]
+
+    def _kept_whole(self) -> tuple[np.ndarray, ...]:
+        return (self.master, self.exp_avg, self.exp_avg_sq)
 
     def norm_comm(self) -> Comm | None:
         """Who holds the other parts of the gradient (None: this rank holds all of it)."""

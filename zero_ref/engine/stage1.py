@@ -32,14 +32,16 @@ class Stage1OptimizerSharded(Stage0DataParallel):
     def _fill_params(self, source: InitSource) -> None:
         """Every rank reads whole units: the full parameters, and its slice of each as
         float32 master weights (16-bit parameters are those, rounded)."""
+        whole = super()._fill_params  # fp32: the parameters are the master weights
+        self.precision.fill_master(lambda: whole(source), lambda: self._split(source))
+
+    def _split(self, source: InitSource) -> None:
+        """16-bit parameters: each unit whole in float32 for a moment, rounded into the
+        parameters, this rank's rows kept as its master weights."""
         for unit in self.layout.units:
-            full = self.full_params[unit.full_slice()]
-            if self.master is self.full_params:
-                self._fill(source, unit, full, 0, unit.padded_numel)
-                continue
             whole = np.empty(unit.padded_numel, np.float32)  # one unit, for a moment
             source.fill_unit(unit, whole, 0, unit.padded_numel)
-            self.place.round_into(full, whole)
+            self.place.round_into(self.full_params[unit.full_slice()], whole)
             self.place.copy_in(self.master[unit.shard_slice()], rank_rows(whole, unit)[self.rank])
             self.release_pages(self.master[unit.shard_slice()])
 
@@ -86,7 +88,7 @@ class Stage1OptimizerSharded(Stage0DataParallel):
                 continue
             s = unit.shard_slice()
             param = rank_rows(self.full_params[unit.full_slice()], unit)[self.rank]
-            master = param if self.master is self.full_params else self.master[s]
+            master = self.precision.owned_master(param, self.master, s)
             grad = self._owned_grad(unit)
             owned.append((param, grad, master, self.exp_avg[s], self.exp_avg_sq[s]))
         return owned
@@ -105,11 +107,8 @@ class Stage1OptimizerSharded(Stage0DataParallel):
             if unit.padded_numel:
                 self.comm.allgather_in_place(self.full_params[unit.full_slice()])
 
-    def _state_buffers(self, kind: str) -> tuple[np.ndarray | None, np.ndarray | None]:
-        if kind == "param" and self.master is self.full_params:
-            return self.full_params, None
-        shards = {"param": self.master, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
-        return None, shards[kind]
+    def _kept_whole(self) -> tuple[np.ndarray, ...]:
+        return (self.full_params,)  # fp32: the master weights are these
 
     def full_parameters(self) -> dict[str, np.ndarray]:
         if self.master is self.full_params:

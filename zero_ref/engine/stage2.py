@@ -58,10 +58,7 @@ class Stage2GradientsSharded(Stage1OptimizerSharded):
         when the wire has their dtype (the usual case), else once more first."""
         unit = self.layout.units[i]
         flat = self.unit_grad_scratch[: unit.padded_numel]
-        grad = self.precision.grad
-        if grad != np.float32 and self.precision.comm != grad:
-            rounded = self.place.round_into(self.place.temporary(flat.size, grad), flat)
-            self.place.widen_into(flat, rounded)
+        self.precision.round_for_buckets(self.place, flat)
         self.buckets.unit_ready(i, flat, micro)
 
     def _owned_grad(self, unit: UnitLayout) -> np.ndarray:

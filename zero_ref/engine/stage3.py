@@ -30,9 +30,7 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
             self.shard_params = self.nvme.zeros("params", "shard_params", n, p.param)
         else:
             self.shard_params = self.place.zeros("params", "shard_params", n, p.param)
-        self.master = self.shard_params  # float32 parameters are their own master
-        if p.mixed:
-            self.master = self._optimizer_array("master_params")
+        self.master = p.master_for(self.shard_params, self._new_master)
         self._fill_params(source)
         widest = self.layout.widest_unit_numel
         self.gathered = self.place.empty("buffers", "gathered_unit", widest, p.param)
@@ -45,9 +43,9 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
         for unit in self.layout.units:
             lo, mine = self.rank * unit.shard_numel, unit.shard_slice()
             self._fill(source, unit, self.master[mine], lo, lo + unit.shard_numel)
-            if self.master is not self.shard_params:
-                self.place.round_into(self.shard_params[mine], self.master[mine])
-                self.release_pages(self.shard_params[mine])
+            params = self.shard_params[mine]
+            for written in self.precision.round_master(self.place, params, self.master[mine]):
+                self.release_pages(written)
             self.release_pages(self.master[mine])
         self.gathered_unit = None  # a gathered copy is stale now
 
@@ -118,13 +116,8 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
     def _landing_buffer(self) -> np.ndarray:
         return self.gathered if self.param_scratch is None else self.param_scratch
 
-    def _state_buffers(self, kind: str) -> tuple[np.ndarray | None, np.ndarray | None]:
-        shards = {
-            "param": self.master,
-            "exp_avg": self.exp_avg,
-            "exp_avg_sq": self.exp_avg_sq,
-        }
-        return None, shards[kind]
+    def _kept_whole(self) -> tuple[np.ndarray, ...]:
+        return ()
 
     def full_parameters(self) -> dict[str, np.ndarray]:
         self.comm.set_context(where="consolidate")

@@ -85,5 +85,10 @@ class StateIO:
     def _state_buffers(self, kind: str) -> tuple[np.ndarray | None, np.ndarray | None]:
         """(the full buffer if this rank keeps it whole, else None; its shard buffer).
         "param" is the float32 master weights (the parameters themselves in fp32)."""
-        whole = {"param": self.master, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
-        return whole[kind], None
+        buffer = {"param": self.master, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
+        whole = any(buffer[kind] is kept for kept in self._kept_whole())
+        return (buffer[kind], None) if whole else (None, buffer[kind])
+
+    def _kept_whole(self) -> tuple[np.ndarray, ...]:
+        """The state buffers this rank keeps whole (stage 0: all; each stage says)."""
+        raise NotImplementedError

@@ -19,7 +19,6 @@ import numpy as np
 from zero_ref.engine.compute import OPTIMIZER_CHUNK
 from zero_ref.optim.adamw import adamw_scalars, with_lr
 from zero_ref.optim.gradnorm import clip_coefficient
-from zero_ref.optim.loss_scale import next_state
 from zero_ref.optim.nonfinite import NonFiniteGradientError, describe_full_index, locate_nonfinite
 
 
@@ -60,7 +59,7 @@ class SharedStep:
 
     def loss_scale(self) -> float:
         """The scale backward multiplies the loss by this step (1 without fp16)."""
-        return 1.0 if self.scaler is None else self.scaler.scale
+        return self.precision.scale_of(self.scaler)
 
     def forward_backward(self, x: np.ndarray, targets: np.ndarray, micro: int) -> float:
         """Forward unit by unit, the loss, backward in reverse; returns the loss.
@@ -83,8 +82,7 @@ class SharedStep:
             kept.append(x_in if self.cfg.checkpoint_activations else cache)
             cache = None
         loss, dout = self.model.loss(x, targets)
-        if self.scaler is not None:
-            dout = dout * np.float32(self.scaler.scale)
+        dout = self.precision.scaled_loss_grad(dout, self.scaler)
         for i in range(len(self.model.units) - 1, -1, -1):
             unit = self.model.units[i]
             self.comm.set_context(where=f"micro-step {micro} backward {unit.name}")
@@ -139,8 +137,7 @@ class SharedStep:
         grads = [g for _, g, _, _, _ in owned]
         norm = self._grad_norm(grads, divisor)
         skip = not math.isfinite(norm) and self._skip_nonfinite(grads)
-        if self.scaler is not None:
-            self.scaler = next_state(self.cfg.loss_scale, self.scaler, overflow=skip)
+        self.scaler = self.precision.next_scaler(self.cfg.loss_scale, self.scaler, skip)
         if skip:
             return norm
         self.step_count += 1
