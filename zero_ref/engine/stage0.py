@@ -27,23 +27,16 @@ from zero_ref.comm.collectives import Comm
 from zero_ref.config import ZeroConfig
 from zero_ref.engine.compute import compute_for
 from zero_ref.engine.init_source import InitSource, as_init_source
-from zero_ref.engine.memory import (
-    MemoryLedger,
-    offload_pool_numel,
-    offload_pool_row_numel,
-    swap_file_bytes,
-)
+from zero_ref.engine.memory import MemoryLedger
 from zero_ref.engine.packing import unpack_full
 from zero_ref.engine.placement import HostPlacement, placement_for
 from zero_ref.engine.precision import Precision
 from zero_ref.engine.state_io import StateIO
 from zero_ref.engine.step import SharedStep
+from zero_ref.engine.stores import optimizer_store_for, swap_for
 from zero_ref.layout.buckets import bucket_columns
 from zero_ref.layout.flat import FlatLayout, Owned, UnitLayout, model_layout, tensor_views
 from zero_ref.models.unit import Model
-from zero_ref.offload.nvme import NvmeStore
-from zero_ref.offload.pipeline import OffloadedUpdate
-from zero_ref.offload.swap_file import ALIGN
 from zero_ref.optim.loss_scale import LossScaleState
 
 
@@ -87,13 +80,22 @@ class Stage0DataParallel(SharedStep, StateIO):
         self.step_count = 0
         self.trace = None  # a zero_ref.io.trace.Trace (--trace): units and the update, timed
         _check_comm_matches(comm, cfg)
-        self.nvme = self._nvme_store()  # offloaded optimizer state, or None
-        self.offloaded: OffloadedUpdate | None = None
+        self.swap = swap_for(
+            cfg, self.stage, self._optimizer_numel(), self.precision.bytes, self.rank,
+            self.memory, comm.mpi,
+        )  # fmt: skip
+        self.nvme = self.swap.nvme  # the swap folder (offloaded state), or None
+        self.optimizer_store = optimizer_store_for(cfg, self.place, self.host, self.swap)
         self._init_params(as_init_source(init_params, model))
         self._init_grads()
         self._init_optimizer()
-        if self.nvme is not None:
-            self._init_offloaded_update()
+        rows = self._streamed_grad_rows()
+        self.optimizer_store.start(self.layout, self.stage, cfg, self.place, rows)
+
+    @property
+    def offloaded(self):
+        """The offloaded optimizer step (an OffloadedUpdate: its trace, --trace), or None."""
+        return self.optimizer_store.offloaded
 
     # ---- where model state lives (stage 0: everything full)
     def _init_params(self, source: InitSource) -> None:
@@ -146,40 +148,10 @@ class Stage0DataParallel(SharedStep, StateIO):
         self.exp_avg = self._optimizer_array("exp_avg")
         self.exp_avg_sq = self._optimizer_array("exp_avg_sq")
 
-    # ---- optimizer offload (ZeRO-Infinity's NVMe tier: zero_ref/offload/)
+    # ---- where the optimizer state lives (engine/stores.py)
     def _optimizer_array(self, name: str) -> np.ndarray:
-        """A float32 optimizer array of this rank's size: where the model's arrays are,
-        in host memory (ZeRO-Offload, --offload-optimizer cpu), or in a swap file."""
-        if self.cfg.offload_optimizer == "cpu":
-            return self.host.zeros("optimizer", name, self._optimizer_numel())
-        if self.nvme is None:
-            return self.place.zeros("optimizer", name, self._optimizer_numel())
-        return self.nvme.zeros("optimizer", name, self._optimizer_numel())
-
-    def _nvme_store(self) -> NvmeStore | None:
-        """This rank's swap folder, its disk checked for every file it will hold."""
-        cfg = self.cfg
-        if "nvme" not in (cfg.offload_optimizer, cfg.offload_param):
-            return None
-        nbytes = swap_file_bytes(
-            self.stage, cfg.offload_optimizer, cfg.offload_param, self._optimizer_numel(),
-            self.precision.bytes,
-        )  # fmt: skip
-        return NvmeStore(cfg.nvme_path, self.rank, self.memory, nbytes, self.comm.mpi)
-
-    def _init_offloaded_update(self) -> None:
-        """The buffer pool (in the ledger's buffers) and the I/O threads; every swap
-        page the initial fill touched is dropped from RAM."""
-        shards = [u.shard_numel for u in self.layout.units]
-        sub_group = offload_pool_numel(self.stage, shards, self.cfg.sub_group_size)
-        row = offload_pool_row_numel(sub_group, ALIGN // 4)
-        count, rows = self.cfg.buffer_count, 3 + self._streamed_grad_rows()
-        pool = self.place.aligned_zeros(
-            "buffers", "offload_pool", count * rows * row, np.float32, ALIGN
-        )
-        pool = pool.reshape(count, rows, row)
-        self.offloaded = OffloadedUpdate(self.nvme, pool, count, sub_group)
-        self.nvme.release_all()
+        """A float32 optimizer array of this rank's size, where the store keeps them."""
+        return self.optimizer_store.zeros(name, self._optimizer_numel())
 
     def _streamed_grad_rows(self) -> int:
         """Rows of each pool buffer set the gradient takes (stages 2-3: on disk, 1)."""
@@ -194,23 +166,17 @@ class Stage0DataParallel(SharedStep, StateIO):
         """Drop a view of a swap-file array (a unit's slice) from RAM after bulk access
         through its mapping, so that filling, loading or streaming offloaded state
         holds one unit of it at a time, not the whole; a view of RAM: nothing."""
-        where = None if self.nvme is None else self.nvme.locate(view)
-        if where is not None:
-            swap, offset = where
-            swap.release(offset, view.size)
+        self.swap.release_pages(view)
 
     def release_offloaded(self) -> None:
         """After bulk access to swap-file state through its mappings (a checkpoint, a
         stream to rank 0, a load): drop those pages from RAM. Nothing in RAM runs."""
-        if self.nvme is not None:
-            self.nvme.release_all()
+        self.swap.release_all()
 
     def close(self) -> None:
         """Stop the I/O threads and remove the swap files (a clean end of the run)."""
-        if self.offloaded is not None:
-            self.offloaded.close()
-        if self.nvme is not None:
-            self.nvme.close()
+        self.optimizer_store.close()
+        self.swap.close()
 
     def _optimizer_numel(self) -> int:
         return self.layout.full_numel

@@ -15,6 +15,7 @@ import numpy as np
 from zero_ref.engine.init_source import InitSource
 from zero_ref.engine.packing import unpack_full
 from zero_ref.engine.stage2 import Stage2GradientsSharded
+from zero_ref.engine.stores import param_store_for
 from zero_ref.layout.flat import Owned, tensor_views
 
 
@@ -26,10 +27,8 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
     def _init_params(self, source: InitSource) -> None:
         """Only this rank's slice of each unit is ever filled (DeepSpeed's zero.Init)."""
         n, p = self.layout.shard_numel, self.precision
-        if self.cfg.offload_param == "nvme":  # in a swap file (docs/offload.md)
-            self.shard_params = self.nvme.zeros("params", "shard_params", n, p.param)
-        else:
-            self.shard_params = self.place.zeros("params", "shard_params", n, p.param)
+        self.param_store = param_store_for(self.cfg, self.place, self.swap)  # RAM, or NVMe
+        self.shard_params = self.param_store.zeros("shard_params", n, p.param)
         self.master = p.master_for(self.shard_params, self._new_master)
         self._fill_params(source)
         widest = self.layout.widest_unit_numel
@@ -58,37 +57,9 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
             if unit.padded_numel:
                 send = self.shard_params[unit.shard_slice()]
                 self.comm.allgather(send, self.gathered[: unit.padded_numel])
-                self._swap_after_gather(i)
+                self.param_store.after_gather(self.shard_params, self.layout, i, self.trace)
             self.gathered_unit = i
         return tensor_views(self._widened(self.gathered[: unit.padded_numel]), unit)
-
-    def _swap_after_gather(self, i: int) -> None:
-        """Offloaded parameters: drop unit i's slice from RAM again, and start reading its
-        neighbours' (forward goes up, backward down) while unit i computes. Reading unit
-        i through the mapping also mapped the neighbours' cached pages near its ends (the
-        kernel's fault-around, 64 KiB): those leave this process too, or every unit
-        boundary would keep a few pages until the optimizer step. With a trace, each
-        range advised is an instant event "readahead <unit>" in lane "swap reads"."""
-        if self.cfg.offload_param != "nvme":
-            return
-        swap, base = self.nvme.locate(self.shard_params)
-        units = self.layout.units
-        swap.release(base + units[i].shard_offset, units[i].shard_numel)
-        for j in (i - 1, i + 1):
-            if 0 <= j < len(units):
-                offset, numel = base + units[j].shard_offset, units[j].shard_numel
-                swap.unmap(offset, numel)
-                swap.prefetch(offset, numel)
-                if self.trace is not None:
-                    size = swap.dtype.itemsize
-                    self.trace.instant(
-                        f"readahead {units[j].name}",
-                        "swap reads",
-                        gathered=units[i].name,
-                        file=swap.path.name,
-                        byte_offset=offset * size,
-                        bytes=numel * size,
-                    )
 
     def release_unit_params(self, i: int) -> None:
         """Nothing to free: the next gather overwrites the buffer."""

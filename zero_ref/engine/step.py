@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zero_ref.engine.compute import OPTIMIZER_CHUNK
 from zero_ref.optim.adamw import adamw_scalars, with_lr
 from zero_ref.optim.gradnorm import clip_coefficient
 from zero_ref.optim.nonfinite import NonFiniteGradientError, describe_full_index, locate_nonfinite
@@ -149,15 +148,7 @@ class SharedStep:
             the master, round into the params."""
             self.compute.update(param, grad, master, exp_avg, exp_avg_sq, divisor, coef, s)
 
-        if self.offloaded is not None:  # the state streams from swap files (docs/offload.md)
-            self.offloaded.run(owned, update)
-        else:
-            for param, grad, master, exp_avg, exp_avg_sq in owned:
-                for lo in range(0, grad.size, OPTIMIZER_CHUNK):
-                    hi = lo + OPTIMIZER_CHUNK
-                    update(
-                        param[lo:hi], grad[lo:hi], master[lo:hi], exp_avg[lo:hi], exp_avg_sq[lo:hi]
-                    )
+        self.optimizer_store.run(owned, update)  # in chunks, or streamed from swap files
         self.compute.finish_update()
         self.after_update()
         return norm
