@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from zero_ref.comm.collectives import Comm
+from zero_ref.engine.collective_schedule import BlockingSchedule
 from zero_ref.engine.placement import HostPlacement
 from zero_ref.layout.buckets import Bucket, BucketPlan, plan_buckets
 from zero_ref.layout.flat import FlatLayout, rank_rows
@@ -37,12 +37,12 @@ class GradientBuckets:
         self,
         layout: FlatLayout,
         plan: BucketPlan,
-        comm: Comm,
+        schedule: BlockingSchedule,
         place: HostPlacement,
         wire_dtype: np.dtype,
         landing,
     ) -> None:
-        self.layout, self.plan, self.comm, self.place = layout, plan, comm, place
+        self.layout, self.plan, self.schedule, self.place = layout, plan, schedule, place
         self.landing = landing
         self.world = layout.world_size
         widest = self.plan.widest()
@@ -70,7 +70,7 @@ class GradientBuckets:
 
     def _reduce(self, bucket: Bucket, staging: np.ndarray, micro: int) -> None:
         out = self.landing.landing(bucket, micro)
-        self.comm.reduce_scatter_sum(staging.reshape(-1), out)
+        self.schedule.wait(self.schedule.reduce_bucket(staging.reshape(-1), out))
         self.landing.landed(bucket, out, micro)
 
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from zero_ref.comm.collectives import Comm
 from zero_ref.config import ZeroConfig
+from zero_ref.engine.collective_schedule import schedule_for
 from zero_ref.engine.compute import compute_for
 from zero_ref.engine.init_source import InitSource, as_init_source
 from zero_ref.engine.memory import MemoryLedger
@@ -80,6 +81,7 @@ class Stage0DataParallel(SharedStep, StateIO):
         self.step_count = 0
         self.trace = None  # a zero_ref.io.trace.Trace (--trace): units and the update, timed
         _check_comm_matches(comm, cfg)
+        self.schedule = schedule_for(cfg, comm)  # when collectives are issued, waited for
         self.swap = swap_for(
             cfg, self.stage, self._optimizer_numel(), self.precision.bytes, self.rank,
             self.memory, comm.mpi,
@@ -220,7 +222,8 @@ class Stage0DataParallel(SharedStep, StateIO):
         """All-reduce the gradients in chunks; a wire of another dtype is staged."""
         chunk = self._allreduce_chunk()
         for start in range(0, self.layout.full_numel, chunk):
-            self.wire.allreduce(self.comm, self.full_grads[start : start + chunk])
+            grads = self.full_grads[start : start + chunk]
+            self.schedule.wait(self.schedule.allreduce_chunk(self.wire, grads))
         if self.grad_acc is not self.full_grads:
             self._accumulate(self.grad_acc, self.full_grads, first=micro == 0)
 

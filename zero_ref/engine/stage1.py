@@ -70,7 +70,7 @@ class Stage1OptimizerSharded(Stage0DataParallel):
 
     def _make_buckets(self, plan, landing) -> None:
         self.buckets = GradientBuckets(
-            self.layout, plan, self.comm, self.place, self.precision.comm, landing
+            self.layout, plan, self.schedule, self.place, self.precision.comm, landing
         )
 
     def _optimizer_numel(self) -> int:
@@ -105,7 +105,8 @@ class Stage1OptimizerSharded(Stage0DataParallel):
     def after_update(self) -> None:
         for unit in self.layout.units:
             if unit.padded_numel:
-                self.comm.allgather_in_place(self.full_params[unit.full_slice()])
+                pending = self.schedule.gather_updated(self.full_params[unit.full_slice()])
+                self.schedule.wait(pending)
 
     def _kept_whole(self) -> tuple[np.ndarray, ...]:
         return (self.full_params,)  # fp32: the master weights are these

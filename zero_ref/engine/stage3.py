@@ -56,7 +56,8 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
         if self.gathered_unit != i:
             if unit.padded_numel:
                 send = self.shard_params[unit.shard_slice()]
-                self.comm.allgather(send, self.gathered[: unit.padded_numel])
+                pending = self.schedule.gather_unit(send, self.gathered[: unit.padded_numel])
+                self.schedule.wait(pending)
                 self.param_store.after_gather(self.shard_params, self.layout, i, self.trace)
             self.gathered_unit = i
         return tensor_views(self._widened(self.gathered[: unit.padded_numel]), unit)
