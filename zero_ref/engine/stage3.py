@@ -10,8 +10,11 @@ follows the step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
+from zero_ref.engine.gathered_unit import GatheredUnit
 from zero_ref.engine.init_source import InitSource
 from zero_ref.engine.packing import unpack_full
 from zero_ref.engine.stage2 import Stage2GradientsSharded
@@ -30,13 +33,18 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
         self.param_store = param_store_for(self.cfg, self.place, self.swap)  # RAM, or NVMe
         self.shard_params = self.param_store.zeros("shard_params", n, p.param)
         self.master = p.master_for(self.shard_params, self._new_master)
-        self._fill_params(source)
+        self._fill_shards(source)
         widest = self.layout.widest_unit_numel
-        self.gathered = self.place.empty("buffers", "gathered_unit", widest, p.param)
-        self.gathered_unit: int | None = None  # which unit `gathered` holds now
+        buffer = self.place.empty("buffers", "gathered_unit", widest, p.param)
+        self.gathered = GatheredUnit(buffer)  # EMPTY; gathered, used, released per unit
         self._init_compute_scratch()
 
     def _fill_params(self, source: InitSource) -> None:
+        """Resuming: the shards from the source; a gathered copy is stale after."""
+        self._fill_shards(source)
+        self._stale()
+
+    def _fill_shards(self, source: InitSource) -> None:
         """Unit by unit: this rank's slice of the master weights, rounded into the 16-bit
         parameters; an offloaded slice leaves RAM before the next unit is filled."""
         for unit in self.layout.units:
@@ -46,24 +54,26 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
             for written in self.precision.round_master(self.place, params, self.master[mine]):
                 self.release_pages(written)
             self.release_pages(self.master[mine])
-        self.gathered_unit = None  # a gathered copy is stale now
 
     def unit_params(self, i: int) -> dict[str, np.ndarray]:
         """Unit i's full parameters, all-gathered into the one reused buffer unless it
         already holds them (the last unit's forward is followed by its backward, and
         unit 0's backward by the next micro-step's forward: no gather there)."""
         unit = self.layout.units[i]
-        if self.gathered_unit != i:
-            if unit.padded_numel:
-                send = self.shard_params[unit.shard_slice()]
-                pending = self.schedule.gather_unit(send, self.gathered[: unit.padded_numel])
-                self.schedule.wait(pending)
-                self.param_store.after_gather(self.shard_params, self.layout, i, self.trace)
-            self.gathered_unit = i
-        return tensor_views(self._widened(self.gathered[: unit.padded_numel]), unit)
+        full = self.gathered.acquire(i, unit.padded_numel, lambda out: self._gather(i, out))
+        return tensor_views(self._widened(full), unit)
+
+    def _gather(self, i: int, out: np.ndarray) -> None:
+        """out <- unit i's parameters from every rank's shard (the parameter store then
+        reads its neighbours ahead, when they are on NVMe)."""
+        if out.size:
+            send = self.shard_params[self.layout.units[i].shard_slice()]
+            self.schedule.wait(self.schedule.gather_unit(send, out))
+            self.param_store.after_gather(self.shard_params, self.layout, i, self.trace)
 
     def release_unit_params(self, i: int) -> None:
-        """Nothing to free: the next gather overwrites the buffer."""
+        """Compute is done with unit i: the buffer is HELD (the next gather reuses it)."""
+        self.gathered.release(i)
 
     def owned_slices(self) -> list[Owned]:
         if self.layout.shard_numel == 0:
@@ -74,19 +84,16 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
     def after_update(self) -> None:
         """No all-gather: the next forward gathers each unit when it needs it. The
         buffer's copy of a unit is stale now."""
-        self.gathered_unit = None
+        self._stale()
 
-    def stream_state(self, kinds, sink) -> None:
-        """As every stage streams, with rank 0 landing units in the gathered-unit buffer
-        (fp32) or the float32 scratch (16-bit parameters): no second unit-sized buffer.
-        Every rank forgets which unit the buffer held, so all gather alike afterwards
-        (a skipped step leaves it holding unit 0)."""
-        if self.param_scratch is None:
-            self.gathered_unit = None
-        super().stream_state(kinds, sink)
+    def _stale(self) -> None:
+        """The shard changed: the gathered copy of a unit is stale."""
+        self.gathered.invalidate()
 
-    def _landing_buffer(self) -> np.ndarray:
-        return self.gathered if self.param_scratch is None else self.param_scratch
+    def _lend_unit_buffer(self) -> Callable[[], np.ndarray]:
+        """The idle gathered unit (or the float32 scratch) lands streamed units."""
+        landing = self.gathered.lend(self.param_scratch)
+        return lambda: landing
 
     def _kept_whole(self) -> tuple[np.ndarray, ...]:
         return ()

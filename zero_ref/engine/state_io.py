@@ -31,6 +31,7 @@ class StateIO:
         (a buffer this rank keeps whole is lent as a view, a sharded one is
         gathered one unit at a time into a landing buffer on rank 0 only)."""
         self.comm.set_context(where="consolidate")
+        lend = self._lend_unit_buffer()  # on every rank: stage 3 lends its gathered unit
         landing = None  # rank 0's, made when a sharded buffer first needs it
         for unit in self.layout.units:
             for kind in kinds:
@@ -39,7 +40,7 @@ class StateIO:
                     flat = whole[unit.full_slice()]  # lent as a view: no copy
                 else:
                     if self.rank == 0 and landing is None:
-                        landing = self._landing_buffer()
+                        landing = lend()
                     flat = None if landing is None else landing[: unit.padded_numel]
                     if unit.padded_numel:
                         self.comm.gather_to_root(shard[unit.shard_slice()], flat, "consolidate")
@@ -77,9 +78,13 @@ class StateIO:
                     self.release_pages(shard[unit.shard_slice()])
         self.release_offloaded()
 
+    def _lend_unit_buffer(self) -> Callable[[], np.ndarray]:
+        """Where rank 0 receives a sharded unit: a buffer of the widest unit, made on
+        first use and held while streaming (stage 3 lends its idle gathered-unit buffer
+        instead: zero_ref/engine/gathered_unit.py)."""
+        return lambda: self._landing_buffer()
+
     def _landing_buffer(self) -> np.ndarray:
-        """Where rank 0 receives a sharded unit: a buffer of the widest unit, held while
-        streaming (stage 3 lends its idle gathered-unit buffer instead)."""
         return self.place.empty("buffers", "landing", self.layout.widest_unit_numel)
 
     def _state_buffers(self, kind: str) -> tuple[np.ndarray | None, np.ndarray | None]:
