@@ -24,6 +24,7 @@ from zero_ref.engine import make_engine  # noqa: E402
 from zero_ref.gpu import device, mpi_support  # noqa: E402
 from zero_ref.models.unit import init_params  # noqa: E402
 from zero_ref.testing.emulated_device import DeviceArray, to_device  # noqa: E402
+from zero_ref.testing.engine_state import full_parameters
 from zero_ref.testing.replay import ReplayModel  # noqa: E402
 
 UNITS = [("u0", [("w", (6, 7)), ("s", ())]), ("u1", [("b", (11,)), ("c", (0,))])]
@@ -39,7 +40,7 @@ def train(world: MPI.Comm, **cfg) -> tuple[np.ndarray, list, object]:
     for step in range(2):
         inputs = model.contexts(1, step, 2, world.size)[:, world.rank]
         results.append(engine.train_step(inputs, np.zeros((2, 1))))
-    flat = np.concatenate([np.asarray(v).ravel() for v in engine.full_parameters().values()])
+    flat = np.concatenate([np.asarray(v).ravel() for v in full_parameters(engine).values()])
     return flat, results, engine
 
 

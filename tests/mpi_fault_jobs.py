@@ -21,6 +21,7 @@ from zero_ref.config import ZeroConfig
 from zero_ref.engine import make_engine
 from zero_ref.models.unit import init_params
 from zero_ref.optim.nonfinite import NonFiniteGradientError
+from zero_ref.testing.engine_state import full_parameters
 from zero_ref.testing.faults import Fault, arm
 from zero_ref.testing.replay import ReplayModel
 
@@ -42,7 +43,7 @@ def step(engine, model: ReplayModel, n: int):
 
 def state(engine) -> dict[str, np.ndarray]:
     """Parameters (consolidated: a collective at stage 3) and this rank's optimizer state."""
-    named = engine.full_parameters()
+    named = full_parameters(engine)
     named["exp_avg"], named["exp_avg_sq"] = engine.exp_avg.copy(), engine.exp_avg_sq.copy()
     return named
 

@@ -32,6 +32,7 @@ from zero_ref.layout.flat import tensor_views
 from zero_ref.models.unit import init_params
 from zero_ref.optim.loss_scale import LossScaleConfig
 from zero_ref.oracle import Oracle
+from zero_ref.testing.engine_state import full_parameters
 from zero_ref.testing.replay import ReplayModel
 
 
@@ -116,7 +117,7 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
         inputs, targets = batches(first + step, k, w)
         lr = lrs[step]
         result = engine.train_step(inputs[:, comm.rank], targets[:, comm.rank], lr=lr)
-        full = engine.full_parameters()
+        full = full_parameters(engine)
         same = full_equals_everywhere(world, full)
         if oracle is not None:
             oracle_scale = oracle.loss_scale() or 1.0  # the scale this step's backward uses

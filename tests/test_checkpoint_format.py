@@ -59,6 +59,7 @@ from zero_ref.engine.init_source import RandomInit
 from zero_ref.io.tensor_io import SafetensorsWriter, load_named
 from zero_ref.layout.flat import build_layout, rank_rows, tensor_views
 from zero_ref.models.gpt import GPT, GPTConfig
+from zero_ref.testing.engine_state import full_parameters
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -754,7 +755,7 @@ def test_consolidate_streams_every_tensor_bitwise(saved, tmp_path):
     out = consolidate(ckpt, tmp_path / "model.safetensors", optimizer_states=True, window=3)
     ckpt.close()
     got = load_named(out.path)
-    full = saved.engine.full_parameters()
+    full = full_parameters(saved.engine)
     assert out.tensors == 3 * len(full) == len(got)
     assert out.bytes == out.path.stat().st_size
     for name, tensor in full.items():

@@ -22,6 +22,7 @@ from zero_ref.config import ZeroConfig
 from zero_ref.engine import make_engine
 from zero_ref.gpu.device import DeviceSetupError, simulated
 from zero_ref.models.unit import init_params
+from zero_ref.testing.engine_state import full_parameters
 from zero_ref.testing.replay import ReplayModel
 
 pytestmark = [
@@ -40,7 +41,7 @@ def train(device: str, steps: int = 2, **cfg):
         engine.train_step(model.contexts(1, step, 2, 1)[:, 0], np.zeros((2, 1)))
         for step in range(steps)
     ]
-    flat = np.concatenate([v.ravel() for v in engine.full_parameters().values()])
+    flat = np.concatenate([v.ravel() for v in full_parameters(engine).values()])
     return flat, results, engine
 
 
@@ -285,6 +286,6 @@ def test_what_host_code_reads_of_a_gpu_run_is_host_memory(emulated_cupy, stage):
     seen = []
     engine.stream_state(("param", "exp_avg"), lambda kind, unit, flat: seen.append(flat))
     unit = engine.layout.units[0]
-    seen += [engine.owned_state("param", unit), *engine.full_parameters().values()]
+    seen += [engine.owned_state("param", unit), *full_parameters(engine).values()]
     seen.append(engine.forward(ids[0]))  # logits computed on the device
     assert seen and {type(a) for a in seen} == {np.ndarray}

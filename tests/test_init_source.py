@@ -17,6 +17,7 @@ from zero_ref.io.tensor_io import save_safetensors
 from zero_ref.layout.flat import build_layout
 from zero_ref.models.gpt import GPT, GPTConfig
 from zero_ref.models.unit import init_params
+from zero_ref.testing.engine_state import full_parameters
 
 WORLD = 4
 
@@ -103,7 +104,7 @@ def test_every_stage_starts_from_init_params(mpi_comm, stage, kind, tmp_path):
     source = {"random": lambda: RandomInit(model, 9), "file": lambda: FileInit(path, model),
               "named": lambda: NamedInit(named, model)}[kind]()  # fmt: skip
     cfg = ZeroConfig(stage=stage)
-    got = make_engine(model, source, cfg, comm_for(mpi_comm, cfg)).full_parameters()
+    got = full_parameters(make_engine(model, source, cfg, comm_for(mpi_comm, cfg)))
     assert list(got) == list(named)
     for name, value in named.items():
         assert np.array_equal(as_bits(got[name]), as_bits(value)), name

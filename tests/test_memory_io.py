@@ -26,6 +26,7 @@ from zero_ref.engine.memory import (
 from zero_ref.io.atomic import atomic_write, atomic_write_bytes
 from zero_ref.io.tensor_io import load_named, save_safetensors
 from zero_ref.models.unit import init_params
+from zero_ref.testing.engine_state import full_parameters
 from zero_ref.testing.replay import ReplayModel
 
 # ---- MemoryLedger
@@ -145,7 +146,7 @@ def good_init() -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_good_init_is_packed_exactly(stage):
     init = good_init()
-    got = engine_from(init, stage).full_parameters()
+    got = full_parameters(engine_from(init, stage))
     assert list(got) == list(init)
     for name in init:
         np.testing.assert_array_equal(got[name].view(np.uint32), init[name].view(np.uint32))
@@ -194,7 +195,7 @@ def test_bad_init_lists_every_problem():
 
 def test_float64_init_is_accepted_and_rounded():
     init = {k: v.astype(np.float64) + 1e-12 for k, v in good_init().items()}
-    got = engine_from(init, 1).full_parameters()
+    got = full_parameters(engine_from(init, 1))
     for name in init:
         np.testing.assert_array_equal(got[name], init[name].astype(np.float32))
 
@@ -237,7 +238,7 @@ def test_safetensors_round_trip(tmp_path):
 def test_safetensors_keep_0d_tensors(tmp_path):
     model = ReplayModel([("u", [("scale", ()), ("w", (3,))])])
     engine = engine_of(model, init_params(model, 0))
-    path = save_safetensors(tmp_path / "export.safetensors", engine.full_parameters())
+    path = save_safetensors(tmp_path / "export.safetensors", full_parameters(engine))
     assert load_named(path)["u.scale"].shape == ()
     engine_of(model, load_named(path))  # the export is a valid --init
 

@@ -19,6 +19,7 @@ from zero_ref.engine import make_engine
 from zero_ref.models.unit import init_params
 from zero_ref.offload.nvme import NvmeStore, check_space
 from zero_ref.offload.swap_file import OffloadIOError, OffloadSetupError, SwapFile
+from zero_ref.testing.engine_state import full_parameters
 from zero_ref.testing.replay import ReplayModel
 
 UNITS = [("u0", [("w", (30, 50)), ("s", ())]), ("u1", [("b", (70,)), ("c", (0,))])]
@@ -32,7 +33,7 @@ def run(tmp_path: Path, steps: int = 3, units=UNITS, **cfg) -> tuple[np.ndarray,
     k = config.grad_accum
     for step in range(steps):
         engine.train_step(model.contexts(1, step, k, 1)[:, 0], np.zeros((k, 1)))
-    flat = np.concatenate([v.ravel() for v in engine.full_parameters().values()])
+    flat = np.concatenate([v.ravel() for v in full_parameters(engine).values()])
     return flat, engine
 
 

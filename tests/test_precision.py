@@ -28,6 +28,7 @@ from zero_ref.engine.precision import Precision
 from zero_ref.models.unit import ParamSpec, init_params
 from zero_ref.optim.loss_scale import LossScaleConfig
 from zero_ref.optim.nonfinite import NonFiniteGradientError
+from zero_ref.testing.engine_state import full_parameters
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -192,7 +193,7 @@ def test_bf16_inf_is_caught_before_the_master_weights(stage):
     engine = make_engine(model, init_params(model, 0), replace(cfg, nonfinite="skip"), comm)
     result = engine.train_step(x, x)
     assert result.skipped and engine.step_count == 0
-    assert engine.full_parameters()["bad.w"].tolist() == [1.0, 1.0, 1.0]
+    assert full_parameters(engine)["bad.w"].tolist() == [1.0, 1.0, 1.0]
 
 
 @pytest.mark.parametrize(

@@ -41,7 +41,7 @@ from zero_ref.errors import CollectiveError
 
 INPUT_ERRORS = (ValueError, FileNotFoundError)  # bad flags, configs, files: no traceback
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # no room on a disk: no traceback either
-INJECT_FAULT_ENV = "ZERO_REF_INJECT_FAULT"  # zero_ref/testing/faults.py reads it
+INJECT_FAULT_ENV = "ZERO_REF_INJECT_FAULT"  # zero_ref/app/faults.py reads it
 AGREE_TIMEOUT_S = 5.0  # how long failed ranks wait for the others before aborting
 DRAIN_TIMEOUT_S = 5.0  # the longest a failing rank waits for its message to leave the pipe
 FORWARD_GRACE_S = 0.2  # then a moment for the launcher to pass it on, before the abort
@@ -62,7 +62,7 @@ def step_started(step: int, engine=None) -> None:
     Remembers the step for the error message and, with an engine, fires the
     fault ZERO_REF_INJECT_FAULT asks for on this rank and step, if any."""
     if engine is not None and os.environ.get(INJECT_FAULT_ENV):
-        from zero_ref.testing.faults import inject_from_env  # only when a fault is asked for
+        from zero_ref.app.faults import inject_from_env  # only when a fault is asked for
 
         inject_from_env(step, engine)  # a malformed spec fails on every rank before step 1
     _here.step = step

@@ -39,6 +39,7 @@ from zero_ref.checkpoint.manifest import (
     tag_for,
     tags_in,
 )
+from zero_ref.engine.hooks import EngineHooks
 from zero_ref.io.atomic import atomic_write_bytes, fsync_dir
 from zero_ref.io.tensor_io import SafetensorsWriter
 
@@ -91,6 +92,7 @@ def save_checkpoint(
             atomic_write_bytes(partial / MANIFEST, manifest)
         with _traced(trace, f"publish {tag}", step=step):  # renames and fsyncs: no bytes
             _publish(directory, partial, tag)
+            _hooks(engine).before_publish()
             _replace_latest(directory, tag)
             result.pruned = prune(directory, keep_last, keep=tag)
         result.bytes = sum(e["bytes"] for e in entries)
@@ -120,7 +122,13 @@ def write_rank_file(engine, path: Path) -> dict[str, Any]:
     }
 
 
+def _hooks(engine) -> EngineHooks:
+    """The engine's named points (zero_ref/engine/hooks.py: fault injection), or none."""
+    return getattr(engine, "hooks", None) or EngineHooks()
+
+
 def _write_state(engine, writer: SafetensorsWriter, kind: str) -> None:
+    _hooks(engine).before_state_written(kind)
     for unit in engine.layout.units:
         mine = engine.owned_state(kind, unit)
         writer.write_part(kind, mine)

@@ -15,6 +15,7 @@ import numpy as np
 
 from zero_ref.comm.collectives import Comm
 from zero_ref.config import ZeroConfig
+from zero_ref.engine.hooks import EngineHooks
 from zero_ref.engine.stage0 import Stage0DataParallel
 from zero_ref.engine.stage1 import Stage1OptimizerSharded
 from zero_ref.engine.stage2 import Stage2GradientsSharded
@@ -26,10 +27,15 @@ LADDER = (Stage0DataParallel, Stage1OptimizerSharded, Stage2GradientsSharded, St
 
 
 def make_engine(
-    model: Model, init_params: Mapping[str, np.ndarray], cfg: ZeroConfig, comm: Comm
+    model: Model,
+    init_params: Mapping[str, np.ndarray],
+    cfg: ZeroConfig,
+    comm: Comm,
+    hooks: EngineHooks | None = None,
 ) -> Stage0DataParallel:
-    """The engine for cfg.stage, holding this rank's share of the model."""
-    return LADDER[cfg.stage](model, init_params, cfg, comm)
+    """The engine for cfg.stage, holding this rank's share of the model; `hooks`: named
+    points a tool acts at (zero_ref/engine/hooks.py), none by default."""
+    return LADDER[cfg.stage](model, init_params, cfg, comm, hooks)
 
 
 __all__ = ["LADDER", "StepResult", "make_engine", *[c.__name__ for c in LADDER]]

@@ -27,9 +27,9 @@ from zero_ref.comm.collectives import Comm
 from zero_ref.config import ZeroConfig
 from zero_ref.engine.collective_schedule import schedule_for
 from zero_ref.engine.compute import compute_for
+from zero_ref.engine.hooks import EngineHooks
 from zero_ref.engine.init_source import InitSource, as_init_source
 from zero_ref.engine.memory import MemoryLedger
-from zero_ref.engine.packing import unpack_full
 from zero_ref.engine.placement import HostPlacement, placement_for
 from zero_ref.engine.precision import Precision
 from zero_ref.engine.state_io import StateIO
@@ -65,8 +65,10 @@ class Stage0DataParallel(SharedStep, StateIO):
         init_params: InitSource | Mapping[str, np.ndarray],
         cfg: ZeroConfig,
         comm: Comm,
+        hooks: EngineHooks | None = None,
     ) -> None:
         self.model, self.cfg, self.comm = model, cfg, comm
+        self.hooks = hooks or EngineHooks()  # named points for tools (engine/hooks.py)
         self.world, self.rank = comm.size, comm.rank
         self.layout: FlatLayout = model_layout(model, comm.size)
         self.memory = MemoryLedger()
@@ -249,10 +251,3 @@ class Stage0DataParallel(SharedStep, StateIO):
 
     def after_update(self) -> None:
         """Stages 1-2 all-gather the updated parameters here."""
-
-    # ---- using and reading the result
-    def full_parameters(self) -> dict[str, np.ndarray]:
-        """Every parameter, a full copy on every rank (a collective at stage 3): for tests
-        and small models. Runs stream the state to rank 0 instead (stream_state). With
-        16-bit parameters these are the float32 master weights they are rounded from."""
-        return unpack_full(self.place.to_host(self.master), self.layout)

@@ -19,7 +19,6 @@ from zero_ref.comm.collectives import Comm
 from zero_ref.engine.grad_buckets import GradientBuckets, RowsOfFullGradient, bucket_plan
 from zero_ref.engine.grad_shard import GradShardInRam
 from zero_ref.engine.init_source import InitSource
-from zero_ref.engine.packing import unpack_full
 from zero_ref.engine.stage0 import Stage0DataParallel
 from zero_ref.layout.flat import Owned, UnitLayout, rank_rows
 
@@ -110,21 +109,3 @@ class Stage1OptimizerSharded(Stage0DataParallel):
 
     def _kept_whole(self) -> tuple[np.ndarray, ...]:
         return (self.full_params,)  # fp32: the master weights are these
-
-    def full_parameters(self) -> dict[str, np.ndarray]:
-        if self.master is self.full_params:
-            return super().full_parameters()
-        self.comm.set_context(where="consolidate")
-        full = unpack_full(self.gather_shard(self.master), self.layout)
-        self.release_offloaded()  # the master weights were read through their mapping
-        return full
-
-    def gather_shard(self, shard: np.ndarray) -> np.ndarray:
-        """The padded full buffer built from every rank's shard-layout buffer, unit by
-        unit (a collective; the ledger calls it "consolidate": it is not training)."""
-        full = np.empty(self.layout.full_numel, shard.dtype)
-        for unit in self.layout.units:
-            if unit.padded_numel:
-                send = shard[unit.shard_slice()]
-                self.comm.allgather(send, full[unit.full_slice()], kind="consolidate")
-        return full

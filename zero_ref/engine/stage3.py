@@ -16,7 +16,6 @@ import numpy as np
 
 from zero_ref.engine.gathered_unit import GatheredUnit
 from zero_ref.engine.init_source import InitSource
-from zero_ref.engine.packing import unpack_full
 from zero_ref.engine.stage2 import Stage2GradientsSharded
 from zero_ref.engine.stores import param_store_for
 from zero_ref.layout.flat import Owned, tensor_views
@@ -97,9 +96,3 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
 
     def _kept_whole(self) -> tuple[np.ndarray, ...]:
         return ()
-
-    def full_parameters(self) -> dict[str, np.ndarray]:
-        self.comm.set_context(where="consolidate")
-        full = unpack_full(self.gather_shard(self.master), self.layout)
-        self.release_offloaded()  # the master weights were read through their mapping
-        return full

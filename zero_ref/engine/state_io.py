@@ -5,7 +5,7 @@ the engine through these).
 
 A stage keeps each state buffer ("param": the float32 master weights, "exp_avg",
 "exp_avg_sq") whole or as this rank's shard (Sec. 5.1: P_os shards the optimizer
-state, Sec. 5.3: P_os+g+p the parameters too); `_state_buffers` says which.
+state, Sec. 5.3: P_os+g+p the parameters too); `state_buffers` says which.
 Every stage saves the same slices, so a checkpoint does not depend on the stage.
 """
 
@@ -22,7 +22,7 @@ StateSink = Callable[[str, UnitLayout, np.ndarray], None]  # (kind, unit, padded
 
 
 class StateIO:
-    """stream_state, owned_state and load_state over `_state_buffers` (a stage's)."""
+    """stream_state, owned_state and load_state over `state_buffers` (what a stage keeps whole)."""
 
     def stream_state(self, kinds: Sequence[str], sink: StateSink) -> None:
         """Hand rank 0 each unit's padded range of each state buffer in `kinds`
@@ -35,7 +35,7 @@ class StateIO:
         landing = None  # rank 0's, made when a sharded buffer first needs it
         for unit in self.layout.units:
             for kind in kinds:
-                whole, shard = self._state_buffers(kind)
+                whole, shard = self.state_buffers(kind)
                 if whole is not None:
                     flat = whole[unit.full_slice()]  # lent as a view: no copy
                 else:
@@ -55,7 +55,7 @@ class StateIO:
         """This rank's slice of `unit` in state buffer `kind` ("param", "exp_avg",
         "exp_avg_sq"), as a view: what this rank's checkpoint file holds. Every stage
         saves the same slices, so a checkpoint does not depend on the stage."""
-        whole, shard = self._state_buffers(kind)
+        whole, shard = self.state_buffers(kind)
         if whole is not None:
             return self.place.to_host(rank_rows(whole[unit.full_slice()], unit)[self.rank])
         return self.place.to_host(shard[unit.shard_slice()])
@@ -68,7 +68,7 @@ class StateIO:
         if kind == "param":
             self._fill_params(source)
         else:
-            whole, shard = self._state_buffers(kind)
+            whole, shard = self.state_buffers(kind)
             for unit in self.layout.units:
                 if whole is not None:
                     self._fill(source, unit, whole[unit.full_slice()], 0, unit.padded_numel)
@@ -87,7 +87,7 @@ class StateIO:
     def _landing_buffer(self) -> np.ndarray:
         return self.place.empty("buffers", "landing", self.layout.widest_unit_numel)
 
-    def _state_buffers(self, kind: str) -> tuple[np.ndarray | None, np.ndarray | None]:
+    def state_buffers(self, kind: str) -> tuple[np.ndarray | None, np.ndarray | None]:
         """(the full buffer if this rank keeps it whole, else None; its shard buffer).
         "param" is the float32 master weights (the parameters themselves in fp32)."""
         buffer = {"param": self.master, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}

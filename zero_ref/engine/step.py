@@ -95,6 +95,7 @@ class SharedStep:
                 dout = unit.backward(params, cache, dout, self.unit_grads(i))
             cache = None
             self.release_unit_params(i)
+            self.hooks.after_unit_backward(self, i, micro)
             self.on_unit_backward_done(i, micro)
         self.comm.set_context(where=f"micro-step {micro} gradient reduction")
         self.on_backward_done(micro)
@@ -141,7 +142,9 @@ class SharedStep:
             return norm
         self.step_count += 1
         coef = clip_coefficient(norm, self.cfg.clip)
-        s = adamw_scalars(with_lr(self.cfg.optimizer, lr), self.step_count)
+        s = adamw_scalars(
+            with_lr(self.cfg.optimizer, lr), self.hooks.bias_correction_step(self.step_count)
+        )
 
         def update(param, grad, master, exp_avg, exp_avg_sq) -> None:
             """One piece (a RAM chunk or an offloaded sub-group): unscale, clip, AdamW on
