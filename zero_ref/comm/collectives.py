@@ -30,7 +30,6 @@ zero_ref/comm/schedule.py). That exchange is not counted in the ledger.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -43,22 +42,6 @@ from zero_ref.config import ZeroConfig
 from zero_ref.dtypes import HOST, HostArrays
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")  # what collectives accept
-
-
-class Handle:
-    """A non-blocking collective in flight; `wait()` must be called exactly once."""
-
-    def __init__(self, request: MPI.Request, finish: Callable[[], None], record: Callable):
-        self._request, self._finish, self._record = request, finish, record
-        self._start = time.perf_counter()
-        self.done = False
-
-    def wait(self) -> None:
-        assert not self.done, "Handle.wait() called twice on the same collective"
-        self._request.Wait()
-        self._finish()
-        self.done = True
-        self._record(time.perf_counter() - self._start)
 
 
 class Comm:
@@ -121,10 +104,9 @@ class Comm:
     def _timed(
         self, kind: str, n_block: int, factor: int, fn: Callable[[], None], itemsize: int = 4
     ) -> None:
-        t0 = time.perf_counter()
-        fn()
         nbytes = factor * self._block_bytes(n_block, itemsize)
-        self.ledger.record(kind, nbytes, nbytes, time.perf_counter() - t0)
+        with self.ledger.timed(kind, nbytes, nbytes):
+            fn()
 
     # ---- sums across ranks
     def reduce_scatter_sum(self, send: np.ndarray, recv: np.ndarray) -> None:
@@ -175,16 +157,6 @@ class Comm:
         self.reduce_scatter_sum(send, recv[self.rank * n : (self.rank + 1) * n])
         self.allgather_in_place(recv)
 
-    def ireduce_scatter_sum(self, send: np.ndarray, recv: np.ndarray) -> Handle:
-        """Non-blocking reduce_scatter_sum; recv is valid after handle.wait()."""
-        self._check(send, recv)
-        self._agree("ireduce_scatter", recv.size)
-        request, finish = self.reduction.ireduce_scatter(self.mpi, send, recv, self.arrays)
-        nbytes = self._block_bytes(recv.size)
-        return Handle(
-            request, finish, lambda s: self.ledger.record("reduce_scatter", nbytes, nbytes, s)
-        )
-
     # ---- gathers
     def allgather(self, send: np.ndarray, recv: np.ndarray, kind: str = "allgather") -> None:
         """recv (W*n,) <- every rank's send (n,), in rank order; `kind` names it in the ledger."""
@@ -207,31 +179,17 @@ class Comm:
             self._check(recv, send)
         self.arrays.sync()
         self._agree("gather", send.size, self.arrays.dtype_name(send))
-        t0 = time.perf_counter()
-        self.mpi.Gather(words_of(send), words_of(recv) if self.rank == 0 else None, root=0)
         nbytes = send.nbytes
         sent, received = (0, (self.size - 1) * nbytes) if self.rank == 0 else (nbytes, 0)
-        self.ledger.record(kind, sent, received, time.perf_counter() - t0)
+        with self.ledger.timed(kind, sent, received):
+            self.mpi.Gather(words_of(send), words_of(recv) if self.rank == 0 else None, root=0)
 
     def broadcast(self, buf: np.ndarray, kind: str) -> None:
         """buf <- rank 0's buf, on every rank (small arrays: sampled logits)."""
         self._agree("broadcast", buf.size, buf.dtype.name)
-        t0 = time.perf_counter()
-        self.mpi.Bcast(buf, root=0)
         nbytes = buf.nbytes * (self.size - 1) if self.rank == 0 else 0
-        self.ledger.record(
-            kind, nbytes, 0 if self.rank == 0 else buf.nbytes, time.perf_counter() - t0
-        )
-
-    def iallgather(self, send: np.ndarray, recv: np.ndarray) -> Handle:
-        """Non-blocking allgather; recv is valid after handle.wait()."""
-        self._check(recv, send)
-        self._agree("iallgather", send.size)
-        request = self.mpi.Iallgather(send, recv)
-        nbytes = self._block_bytes(send.size)
-        return Handle(
-            request, lambda: None, lambda s: self.ledger.record("allgather", nbytes, nbytes, s)
-        )
+        with self.ledger.timed(kind, nbytes, 0 if self.rank == 0 else buf.nbytes):
+            self.mpi.Bcast(buf, root=0)
 
     # ---- small float64 exchanges (the gradient norm's partials)
     def allreduce_int64(self, buf: np.ndarray, kind: str) -> np.ndarray:
@@ -258,12 +216,11 @@ class Comm:
             "allreduce" if op == MPI.SUM else "allreduce_min" if op == MPI.MIN else "allreduce_max"
         )
         self._agree(op_name, values.size, values.dtype.name)
-        t0 = time.perf_counter()
-        out = np.empty_like(values)
-        self.mpi.Allreduce(values, out, op=op)
         per_block = max(values.nbytes // self.size, values.itemsize) if values.size else 0
         nbytes = 2 * (self.size - 1) * per_block
-        self.ledger.record(kind, nbytes, nbytes, time.perf_counter() - t0)
+        out = np.empty_like(values)
+        with self.ledger.timed(kind, nbytes, nbytes):
+            self.mpi.Allreduce(values, out, op=op)
         return out
 
 

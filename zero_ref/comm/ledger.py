@@ -74,6 +74,21 @@ class CommLedger:
         finally:
             self.checking, self.current = self.current, step
 
+    @contextmanager
+    def timed(self, kind: str, sent_bytes: int, recv_bytes: int) -> Iterator[None]:
+        """Time the block and record it as one call of `kind` (not if it raises): the one
+        place a collective or a copy is timed into this ledger."""
+        t0 = time.perf_counter()
+        yield
+        self.record(kind, sent_bytes, recv_bytes, time.perf_counter() - t0)
+
+    @contextmanager
+    def timed_copy(self, kind: str, nbytes: int) -> Iterator[None]:
+        """timed(), for a host-device copy (record_copy)."""
+        t0 = time.perf_counter()
+        yield
+        self.record_copy(kind, nbytes, time.perf_counter() - t0)
+
     def record(self, kind: str, sent_bytes: int, recv_bytes: int, seconds: float) -> None:
         t = self.current[kind]
         t.calls += 1

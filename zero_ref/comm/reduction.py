@@ -33,9 +33,6 @@ class MPIReduction:
     def allreduce(self, mpi: MPI.Comm, buf, arrays: HostArrays = HOST) -> None:
         mpi.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
 
-    def ireduce_scatter(self, mpi: MPI.Comm, send, recv, arrays: HostArrays = HOST):
-        return mpi.Ireduce_scatter_block(send, recv, op=MPI.SUM), lambda: None
-
 
 class OrderedReduction:
     """Sums in rank order: Alltoall the blocks, then add them up left to right."""
@@ -52,10 +49,6 @@ class OrderedReduction:
         self.reduce_scatter(mpi, buf, mine, arrays)
         arrays.sync()
         mpi.Allgather(mine, buf)
-
-    def ireduce_scatter(self, mpi: MPI.Comm, send, recv, arrays: HostArrays = HOST):
-        rows = _rows(arrays, mpi.Get_size(), recv.size, np.float32)
-        return mpi.Ialltoall(send, rows), lambda: sum_in_rank_order(rows, recv)
 
 
 def _rows(arrays: HostArrays, world: int, n: int, dtype) -> np.ndarray:

@@ -159,12 +159,6 @@ class StagedComm:
         if recv is not None:
             self.staging.to_device(host_recv, recv)
 
-    def ireduce_scatter_sum(self, send, recv):
-        raise NotImplementedError("non-blocking collectives on device arrays are not staged yet")
-
-    def iallgather(self, send, recv):
-        raise NotImplementedError("non-blocking collectives on device arrays are not staged yet")
-
 
 def device_comm(comm: Comm, cuda_aware_mpi: str) -> Comm | StagedComm:
     """The Comm a --device gpu engine uses: the library asked whether it is CUDA-aware

@@ -61,16 +61,16 @@ class HostCompute:
             round_into(param, master)  # the 16-bit copy of the update
 
 
-def compute_for(device: str, offload_optimizer: str, host_place, device_place, ledger):
+def compute_for(device: str, offload_optimizer: str, host_place, device_place, comm_ledger):
     """HostCompute; with device "gpu" the GPU path's DeviceCompute, or with the optimizer
     offloaded to the CPU (ZeRO-Offload) CpuOffloadCompute. host_place: where the latter
     keeps its host copies (a HostPlacement); device_place: where DeviceCompute keeps its
     scratch (the engine's placement: in the memory ledger, and a device out-of-memory
-    error names it); ledger: the communication ledger for the offload's copies."""
+    error names it); comm_ledger: the communication ledger for the offload's copies."""
     if device == "gpu" and offload_optimizer == "cpu":
         from zero_ref.gpu.cpu_offload import CpuOffloadCompute
 
-        return CpuOffloadCompute(host_place, ledger)
+        return CpuOffloadCompute(host_place, comm_ledger)
     if device == "gpu":
         from zero_ref.gpu.compute import DeviceCompute  # numba.cuda only when asked
 

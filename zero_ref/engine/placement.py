@@ -24,19 +24,19 @@ class HostPlacement(HostArrays):
     on them (temporary, round_into, widen_into, accumulate_rounded) are HostArrays'."""
 
     def __init__(self, ledger: MemoryLedger) -> None:
-        self.ledger = ledger
+        self.memory = ledger
 
     def zeros(
         self, category: str, name: str, numel: int, dtype: np.dtype = np.float32
     ) -> np.ndarray:
         """A new zero-filled 1-D array, held under `category` as `name`."""
-        return self.ledger.hold(category, name, np.zeros(numel, dtype))
+        return self.memory.hold(category, name, np.zeros(numel, dtype))
 
     def empty(
         self, category: str, name: str, numel: int, dtype: np.dtype = np.float32
     ) -> np.ndarray:
         """A new 1-D array whose contents the caller fills before reading."""
-        return self.ledger.hold(category, name, np.empty(numel, dtype))
+        return self.memory.hold(category, name, np.empty(numel, dtype))
 
     def aligned_zeros(
         self, category: str, name: str, numel: int, dtype: np.dtype, align: int

@@ -73,9 +73,9 @@ class Stage0DataParallel(SharedStep, StateIO):
         self.layout: FlatLayout = model_layout(model, comm.size)
         self.memory = MemoryLedger()
         self.place = placement_for(cfg.device, self.memory, self.where)  # model-sized arrays
-        self.host = HostPlacement(self.memory)  # RAM, whatever the device (ZeRO-Offload)
+        self.host_place = HostPlacement(self.memory)  # RAM, whatever the device (ZeRO-Offload)
         self.compute = compute_for(
-            cfg.device, cfg.offload_optimizer, self.host, self.place, comm.ledger
+            cfg.device, cfg.offload_optimizer, self.host_place, self.place, comm.ledger
         )
         comm.track_memory(self.memory)  # host staging buffers (--device gpu), if any
         self.precision = Precision.of(cfg)  # the dtype of each kind of array
@@ -89,7 +89,7 @@ class Stage0DataParallel(SharedStep, StateIO):
             self.memory, comm.mpi,
         )  # fmt: skip
         self.nvme = self.swap.nvme  # the swap folder (offloaded state), or None
-        self.optimizer_store = optimizer_store_for(cfg, self.place, self.host, self.swap)
+        self.optimizer_store = optimizer_store_for(cfg, self.place, self.host_place, self.swap)
         self._init_params(as_init_source(init_params, model))
         self._init_grads()
         self._init_optimizer()

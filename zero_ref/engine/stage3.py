@@ -18,7 +18,7 @@ from zero_ref.engine.gathered_unit import GatheredUnit
 from zero_ref.engine.init_source import InitSource
 from zero_ref.engine.stage2 import Stage2GradientsSharded
 from zero_ref.engine.stores import param_store_for
-from zero_ref.layout.flat import Owned, tensor_views
+from zero_ref.layout.flat import Owned, shard_range, tensor_views
 
 
 class Stage3ParamsSharded(Stage2GradientsSharded):
@@ -47,7 +47,10 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
         """Unit by unit: this rank's slice of the master weights, rounded into the 16-bit
         parameters; an offloaded slice leaves RAM before the next unit is filled."""
         for unit in self.layout.units:
-            lo, mine = self.rank * unit.shard_numel, unit.shard_slice()
+            lo, mine = (
+                shard_range(unit.padded_numel, self.rank, self.world).offset,
+                unit.shard_slice(),
+            )
             self._fill(source, unit, self.master[mine], lo, lo + unit.shard_numel)
             params = self.shard_params[mine]
             for written in self.precision.round_master(self.place, params, self.master[mine]):

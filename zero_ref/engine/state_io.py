@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from zero_ref.engine.init_source import InitSource
-from zero_ref.layout.flat import UnitLayout, rank_rows
+from zero_ref.layout.flat import UnitLayout, rank_rows, shard_range
 
 StateSink = Callable[[str, UnitLayout, np.ndarray], None]  # (kind, unit, padded flat range)
 
@@ -73,7 +73,7 @@ class StateIO:
                 if whole is not None:
                     self._fill(source, unit, whole[unit.full_slice()], 0, unit.padded_numel)
                 else:
-                    lo = self.rank * unit.shard_numel
+                    lo = shard_range(unit.padded_numel, self.rank, self.world).offset
                     self._fill(source, unit, shard[unit.shard_slice()], lo, lo + unit.shard_numel)
                     self.release_pages(shard[unit.shard_slice()])
         self.release_offloaded()

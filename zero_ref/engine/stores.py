@@ -121,10 +121,10 @@ class OptimizerOnNvme(OptimizerInPlace):
         self.offloaded.close()
 
 
-def optimizer_store_for(cfg, place, host, swap: Swap) -> OptimizerInPlace:
+def optimizer_store_for(cfg, place, host_place, swap: Swap) -> OptimizerInPlace:
     """In host memory (ZeRO-Offload), in swap files, or where the model's arrays are;
     with a swap folder the update streams through the offload pool."""
-    maker = host if cfg.offload_optimizer == "cpu" else (swap.nvme or place)
+    maker = host_place if cfg.offload_optimizer == "cpu" else (swap.nvme or place)
     if swap.nvme is None:
         return OptimizerInPlace(maker)
     return OptimizerOnNvme(maker, swap.nvme)

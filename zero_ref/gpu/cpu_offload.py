@@ -16,8 +16,6 @@ run on the same values; only where they run changes.
 
 from __future__ import annotations
 
-import time
-
 from zero_ref.comm.ledger import CommLedger
 from zero_ref.engine.compute import HostCompute
 from zero_ref.gpu.copies import copy_in, copy_out, host_dtype
@@ -26,8 +24,8 @@ from zero_ref.gpu.copies import copy_in, copy_out, host_dtype
 class CpuOffloadCompute(HostCompute):
     """HostCompute on host copies of the device's gradients and parameters."""
 
-    def __init__(self, place, ledger: CommLedger) -> None:
-        self.place, self.ledger = place, ledger  # place: a HostPlacement for the copies
+    def __init__(self, place, comm_ledger: CommLedger) -> None:
+        self.place, self.comm_ledger = place, comm_ledger  # place: a HostPlacement for copies
         self.host: dict[int, tuple] = {}  # slice index -> (host param, host grad), reused
         self.pending: list[tuple] = []  # (device param, host param) to move up after update
 
@@ -59,7 +57,6 @@ class CpuOffloadCompute(HostCompute):
         return self.host[i]
 
     def _copy(self, kind: str, move, array) -> None:
-        t0 = time.perf_counter()
-        if array.shape[0]:
-            move()
-        self.ledger.record_copy(kind, array.nbytes, time.perf_counter() - t0)
+        with self.comm_ledger.timed_copy(kind, array.nbytes):
+            if array.shape[0]:
+                move()

@@ -25,12 +25,12 @@ class DevicePlacement(DeviceArrays):
     def __init__(self, ledger: MemoryLedger, where: Where) -> None:
         self.description = check_usable()  # DeviceSetupError before anything is allocated
         super().__init__(where)
-        self.ledger = ledger
+        self.memory = ledger
 
     def empty(self, category: str, name: str, numel: int, dtype: np.dtype = np.float32):
         """A new 1-D device array whose contents the caller fills before reading."""
         array = self._new(numel, dtype, f"{category} array {name}")
-        return self.ledger.hold_on_device(category, name, array)
+        return self.memory.hold_on_device(category, name, array)
 
     def zeros(self, category: str, name: str, numel: int, dtype: np.dtype = np.float32):
         """A new zero-filled 1-D device array, held under `category` as `name`."""

@@ -153,7 +153,7 @@ class NvmeStore:
             self.folder.mkdir()
         except OSError as e:
             raise OffloadIOError(f"cannot create swap folder {self.folder}: {e}") from e
-        self.ledger, self.files = ledger, []
+        self.memory, self.files = ledger, []
         self.malloc_returns_freed = return_freed_arrays_to_os()  # RAM is what the ledger says
         atexit.register(self.close)
 
@@ -162,7 +162,7 @@ class NvmeStore:
         suffix = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}[np.dtype(dtype).name]
         swap = SwapFile(self.folder / f"{name}.{suffix}", numel, dtype)
         self.files.append(swap)
-        return self.ledger.hold_on_disk(category, name, swap.array)
+        return self.memory.hold_on_disk(category, name, swap.array)
 
     def locate(self, view: np.ndarray) -> tuple[SwapFile, int] | None:
         """(its swap file, its element offset) for a view of a swap-file array, else None."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from zero_ref.errors import CollectiveError
-from zero_ref.layout.flat import FlatLayout
+from zero_ref.layout.flat import FlatLayout, shard_range
 
 NOT_FOUND = int(np.iinfo(np.int64).max)  # the MIN identity: "no bad element on this rank"
 
@@ -49,7 +49,8 @@ def owned_to_full_index(layout: FlatLayout, rank: int, position: int, sharded: b
         return position
     for unit in layout.units:
         if position < unit.shard_offset + unit.shard_numel:
-            return unit.full_offset + rank * unit.shard_numel + position - unit.shard_offset
+            mine = shard_range(unit.padded_numel, rank, layout.world_size).offset
+            return unit.full_offset + mine + position - unit.shard_offset
     raise IndexError(f"position {position} is past the shard buffer ({layout.shard_numel})")
 
 
