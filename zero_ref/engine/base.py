@@ -1,0 +1,162 @@
+"""The engine every stage is: its policies, chosen once from the configuration, and the
+defaults of the hooks the shared step calls (ZeRO, Sec. 5: each stage then says only
+what it partitions and which collectives it runs).
+
+Chosen once: the placement of model-sized arrays (RAM or device: placement_for), the
+host placement (ZeRO-Offload's RAM), the compute of the update (compute_for), the
+precision (engine/precision.py: dtypes, widening and rounding, master weights, loss
+scaling), the collective schedule (engine/collective_schedule.py), the swap folder and
+the optimizer-state store (engine/stores.py), and the hooks tools act at
+(engine/hooks.py). The step itself is engine/step.py; checkpoint I/O engine/state_io.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from zero_ref.comm.collectives import Comm
+from zero_ref.config import ZeroConfig
+from zero_ref.engine.collective_schedule import schedule_for
+from zero_ref.engine.compute import compute_for
+from zero_ref.engine.hooks import EngineHooks
+from zero_ref.engine.init_source import InitSource, as_init_source
+from zero_ref.engine.memory import MemoryLedger
+from zero_ref.engine.placement import HostPlacement, placement_for
+from zero_ref.engine.precision import Precision
+from zero_ref.engine.state_io import StateIO
+from zero_ref.engine.step import SharedStep
+from zero_ref.engine.stores import optimizer_store_for, swap_for
+from zero_ref.layout.flat import FlatLayout, UnitLayout, model_layout
+from zero_ref.models.unit import Model
+from zero_ref.optim.loss_scale import LossScaleState
+
+
+def _check_comm_matches(comm: Comm, cfg: ZeroConfig) -> None:
+    """One determinism switch: the Comm's sums must follow cfg.deterministic, as the
+    norm does, or a run would be half deterministic (build it with comm_for)."""
+    if comm.reduction.deterministic != cfg.deterministic:
+        raise ValueError(
+            f"ZeroConfig.deterministic={cfg.deterministic} but the Comm reduces with "
+            f"{type(comm.reduction).__name__}: build the Comm with "
+            "zero_ref.comm.collectives.comm_for(mpi_comm, cfg)"
+        )
+    if cfg.check_schedule:
+        comm.check_schedule = True
+
+
+class EngineBase(SharedStep, StateIO):
+    """The policies and the hook defaults; a stage class (stage0.py .. stage3.py) adds
+    where its model states live and its collectives."""
+
+    stage: int
+
+    def __init__(
+        self,
+        model: Model,
+        init_params: InitSource | Mapping[str, np.ndarray],
+        cfg: ZeroConfig,
+        comm: Comm,
+        hooks: EngineHooks | None = None,
+    ) -> None:
+        self.model, self.cfg, self.comm = model, cfg, comm
+        self.hooks = hooks or EngineHooks()  # named points for tools (engine/hooks.py)
+        self.world, self.rank = comm.size, comm.rank
+        self.layout: FlatLayout = model_layout(model, comm.size)
+        self.memory = MemoryLedger()
+        self.place = placement_for(cfg.device, self.memory, self.where)  # model-sized arrays
+        self.host_place = HostPlacement(self.memory)  # RAM, whatever the device (ZeRO-Offload)
+        self.compute = compute_for(
+            cfg.device, cfg.offload_optimizer, self.host_place, self.place, comm.ledger
+        )
+        comm.track_memory(self.memory)  # host staging buffers (--device gpu), if any
+        self.precision = Precision.of(cfg)  # the dtype of each kind of array
+        self.scaler: LossScaleState | None = self.precision.initial_scaler(cfg.loss_scale)
+        self.step_count = 0
+        self.trace = None  # a zero_ref.io.trace.Trace (--trace): units and the update, timed
+        _check_comm_matches(comm, cfg)
+        self.schedule = schedule_for(cfg, comm)  # when collectives are issued, waited for
+        self.swap = swap_for(
+            cfg, self.stage, self._optimizer_numel(), self.precision.bytes, self.rank,
+            self.memory, comm.mpi,
+        )  # fmt: skip
+        self.nvme = self.swap.nvme  # the swap folder (offloaded state), or None
+        self.optimizer_store = optimizer_store_for(cfg, self.place, self.host_place, self.swap)
+        self._init_params(as_init_source(init_params, model))
+        self._init_grads()
+        self._init_optimizer()
+        rows = self._streamed_grad_rows()
+        self.optimizer_store.start(self.layout, self.stage, cfg, self.place, rows)
+
+    @property
+    def offloaded(self):
+        """The offloaded optimizer step (an OffloadedUpdate: its trace, --trace), or None."""
+        return self.optimizer_store.offloaded
+
+    def _new_master(self) -> np.ndarray:
+        """16-bit parameters: the optimizer's float32 master weights, as m and v are kept."""
+        return self._optimizer_array("master_params")
+
+    def _fill(self, source: InitSource, unit: UnitLayout, dst, lo: int, hi: int) -> None:
+        """dst <- elements [lo, hi) of `unit` from the source, which writes host memory
+        (a device's array is filled through a host buffer by the placement)."""
+        self.place.fill_from_host(dst, lambda out: source.fill_unit(unit, out, lo, hi))
+
+    def _init_compute_scratch(self) -> None:
+        """With 16-bit parameters: one unit's float32 widened copy, which the model reads."""
+        widest = self.layout.widest_unit_numel
+        self.param_scratch = self.precision.param_scratch(self.place, widest)
+
+    def _init_grad_scratch(self) -> None:
+        """Backward writes float32: with 16-bit gradients it writes one unit into this
+        scratch, which is then rounded once into the gradient buffer."""
+        widest = self.layout.widest_unit_numel
+        self.unit_grad_scratch = self.precision.grad_scratch(self.place, widest)
+
+    def _init_optimizer(self) -> None:
+        """AdamW's m and v (float32), for what this rank updates."""
+        self.exp_avg = self._optimizer_array("exp_avg")
+        self.exp_avg_sq = self._optimizer_array("exp_avg_sq")
+
+    def _optimizer_array(self, name: str) -> np.ndarray:
+        """A float32 optimizer array of this rank's size, where the store keeps them."""
+        return self.optimizer_store.zeros(name, self._optimizer_numel())
+
+    def _streamed_grad_rows(self) -> int:
+        """Rows of each pool buffer set the gradient takes (stages 2-3: on disk, 1)."""
+        return 0
+
+    def where(self) -> str:
+        """'rank r, step s' (or set-up, before step 1): for errors raised deep inside."""
+        step = self.comm.step
+        return f"rank {self.rank}, " + (f"step {step}" if step else "set-up (before step 1)")
+
+    def release_pages(self, view: np.ndarray) -> None:
+        """Drop a view of a swap-file array (a unit's slice) from RAM after bulk access
+        through its mapping, so that filling, loading or streaming offloaded state
+        holds one unit of it at a time, not the whole; a view of RAM: nothing."""
+        self.swap.release_pages(view)
+
+    def release_offloaded(self) -> None:
+        """After bulk access to swap-file state through its mappings (a checkpoint, a
+        stream to rank 0, a load): drop those pages from RAM. Nothing in RAM runs."""
+        self.swap.release_all()
+
+    def close(self) -> None:
+        """Stop the I/O threads and remove the swap files (a clean end of the run)."""
+        self.optimizer_store.close()
+        self.swap.close()
+
+    def _widened(self, flat: np.ndarray) -> np.ndarray:
+        """A unit's parameters as the model reads them: float32 ones as they are,
+        16-bit ones widened (exactly) into the float32 scratch."""
+        return self.precision.widened(self.place, self.param_scratch, flat)
+
+    def release_unit_params(self, i: int) -> None:
+        """Stage 3 frees the gathered unit here; below it there is nothing to free."""
+
+    def _zeroed_scratch(self, unit: UnitLayout) -> np.ndarray:
+        """The gradient scratch for `unit`, its padding zero (backward writes the rest)."""
+        self.unit_grad_scratch[unit.numel : unit.padded_numel] = 0
+        return self.unit_grad_scratch[: unit.padded_numel]
