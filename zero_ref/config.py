@@ -98,10 +98,12 @@ class ZeroConfig:
     offload_optimizer  "cpu" (device "gpu", fp16/bf16: ZeRO-Offload): the optimizer's
                   float32 state in host memory, updated there by the CPU AdamW; each
                   step the 16-bit gradient shard comes down, the 16-bit parameters go up.
-                  "nvme": the optimizer's float32 state (master weights, m, v)
-                  lives in memory-mapped files under nvme_path and streams through
-                  a pool of buffer_count sub-groups of sub_group_size elements
-                  each step (stages 1-3; docs/offload.md). "none": in RAM.
+                  "nvme": the optimizer's float32 state (master weights, m, v),
+                  and at stages 2-3 the reduced gradient shard, lives in
+                  memory-mapped files under nvme_path and streams through a pool
+                  of buffer_count sub-groups of sub_group_size elements each step
+                  (stages 1-3; stage 1's gradients stay in RAM; docs/offload.md).
+                  "none": in RAM.
     offload_param "nvme": stage 3's parameter shard lives in a swap file; each unit's
                   slice is read when it is gathered (the neighbours' prefetched) and
                   dropped from RAM after. "none": in RAM.
