@@ -25,11 +25,11 @@ from zero_ref.app.tasks import Task, build_task, describe_params
 from zero_ref.app.threads import settle_thread_budget
 from zero_ref.comm.ledger import expected_sent_bytes, paper_sent_bytes
 from zero_ref.engine.init_source import FileInit, InitSource, RandomInit
-from zero_ref.engine.memory import formula_bytes
 from zero_ref.io.metrics_log import JsonlLog
 from zero_ref.io.tensor_io import SafetensorsWriter
 from zero_ref.io.trace import Trace, write_trace
 from zero_ref.layout.flat import tensor_views
+from zero_ref.layout.memory_formulas import formula_bytes
 
 
 def device_line(engine, comm) -> str:
@@ -185,7 +185,8 @@ def report_stale_swap(engine, progress: Progress) -> None:
 def refuse_if_it_cannot_fit(parsed: Parsed, task: Task, comm, ranks_on_host: int) -> None:
     """Before any allocation: each rank's estimated peak against the memory its host has
     for it. Rank 0's reading of MemAvailable is used by all, so all decide alike."""
-    from zero_ref.estimate import check_fits, mem_available_bytes
+    from zero_ref.app.estimate_messages import check_fits
+    from zero_ref.app.process_memory import mem_available_bytes
 
     available = comm.mpi.bcast(mem_available_bytes() if comm.rank == 0 else None, root=0)
     check_fits(parsed, task.model, comm.size, ranks_on_host, available)
@@ -198,10 +199,10 @@ def warm_up(comm) -> None:
     a run uses, NumPy's layer code runs once on a tiny GPT, and MPI maps the shared
     memory its collectives use (1 MiB per rank, off the ledger). What is left above
     the baseline then grows with the model: ZeRO's arrays and the activations."""
-    import zero_ref.app.oracle_check  # noqa: F401 (imported for its one-time cost)
+    import zero_ref.app.estimate_messages  # noqa: F401 (imported for its one-time cost)
+    import zero_ref.app.oracle_check  # noqa: F401
     import zero_ref.app.resume  # noqa: F401
     import zero_ref.engine  # noqa: F401
-    import zero_ref.estimate  # noqa: F401
     from zero_ref.config import AdamWConfig
     from zero_ref.models.gpt import GPT, GPTConfig
     from zero_ref.models.unit import init_params, loss_and_grads
