@@ -12,11 +12,7 @@ def rank_report(engine, phases: PhasePeaks | None = None) -> dict:
     """This rank's ledgers and real resident peaks, as plain data (gathered to rank 0)."""
     return {
         "rank": engine.rank,
-        "memory_bytes": engine.memory.bytes_by_category(),
-        "disk_bytes": engine.memory.disk_bytes_by_category(),
-        "device_bytes": engine.memory.device_bytes_by_category(),
-        "peak_bytes": engine.memory.peak_bytes,
-        "peak_by_category": dict(engine.memory.peak_by_category),
+        **engine.memory_report(),  # memory, disk and device bytes; the peaks
         "rss_baseline_bytes": phases.baseline if phases else None,
         "rss_peak_bytes": dict(phases.peaks) if phases else {},
         "comm_last_step": engine.comm.ledger.last_step(),

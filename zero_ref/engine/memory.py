@@ -89,6 +89,20 @@ class MemoryLedger:
     def total_bytes(self) -> int:
         return sum(self.bytes_by_category().values())
 
+    def bytes_by_name(self, category: str) -> dict[str, int]:
+        """Each array of `category` held in RAM now, by its name."""
+        return {name: int(a.nbytes) for name, a in self.held[category].items()}
+
+    def report(self) -> dict:
+        """What this ledger holds now and held at its peak, as plain data (the report's)."""
+        return {
+            "memory_bytes": self.bytes_by_category(),
+            "disk_bytes": self.disk_bytes_by_category(),
+            "device_bytes": self.device_bytes_by_category(),
+            "peak_bytes": self.peak_bytes,
+            "peak_by_category": dict(self.peak_by_category),
+        }
+
     def _update_peak(self) -> None:
         by_cat = self.bytes_by_category()
         self.peak_bytes = max(self.peak_bytes, sum(by_cat.values()))
