@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from zero_ref import __version__
 from zero_ref.app.agreement import check_same_job, job_parts
 from zero_ref.app.cli import Parsed, parse_args
+from zero_ref.app.data import unigram_entropy
 from zero_ref.app.failure import step_started
 from zero_ref.app.process_memory import PhasePeaks
 from zero_ref.app.progress import Progress
@@ -26,7 +27,6 @@ from zero_ref.app.run_finish import finish
 from zero_ref.app.run_setup import (
     Prepared,
     device_line,
-    first_line,
     open_log,
     prepare,
     refuse_if_it_cannot_fit,
@@ -196,6 +196,17 @@ def end_training(t: Training, skipped: int) -> None:
         t.saver.save(t.last)  # always at the end (not when nothing was trained)
     finish(t.parsed, engine, t.job, t.log, t.phases, t.trace, skipped)
     engine.close()  # swap files are scratch: removed at a clean end
+
+
+def first_line(parsed: Parsed, job: Prepared, engine) -> str:
+    """The run's first line: version, model, stage, ranks, sizes, mode and corpus."""
+    run, zero, tokens = parsed.run, parsed.zero, job.tokens
+    return (
+        f"zero_ref {__version__}: {run.model}, stage {zero.stage}, {engine.world} ranks, "
+        f"{engine.layout.numel:,} parameters, vocab {job.vocab.size}, "
+        f"{'deterministic' if zero.deterministic else 'fast'} mode; corpus {tokens.size:,} "
+        f"characters, unigram entropy {unigram_entropy(tokens):.3f} nats/char"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,9 +11,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from zero_ref import __version__
 from zero_ref.app.cli import Parsed
-from zero_ref.app.data import CharVocab, encode_corpus, load_text, unigram_entropy
+from zero_ref.app.data import CharVocab, encode_corpus, load_text
 from zero_ref.app.output_paths import check_output_paths, output_paths, remove_stale_temporaries
 from zero_ref.app.progress import Progress
 from zero_ref.app.resume import open_checkpoint
@@ -107,17 +106,6 @@ def resume_args(checkpoint: Checkpoint, world: int, stage: int) -> dict:
         "saved": checkpoint.saved_layout(),
         "resumed": {"world_size": world, "stage": stage},
     }
-
-
-def first_line(parsed: Parsed, job: Prepared, engine) -> str:
-    """The run's first line: version, model, stage, ranks, sizes, mode and corpus."""
-    run, zero, tokens = parsed.run, parsed.zero, job.tokens
-    return (
-        f"zero_ref {__version__}: {run.model}, stage {zero.stage}, {engine.world} ranks, "
-        f"{engine.layout.numel:,} parameters, vocab {job.vocab.size}, "
-        f"{'deterministic' if zero.deterministic else 'fast'} mode; corpus {tokens.size:,} "
-        f"characters, unigram entropy {unigram_entropy(tokens):.3f} nats/char"
-    )
 
 
 def device_line(engine) -> str:
