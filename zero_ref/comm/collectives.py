@@ -85,6 +85,12 @@ class Comm:
         self.step: int | None = None  # labels for the collectives that follow
         self.where = ""
 
+    @property
+    def host_comm(self) -> Comm:
+        """The Comm whose buffers are in RAM: this one (a StagedComm, which forwards what
+        it does not define, answers with the host Comm it stages through)."""
+        return self
+
     def track_memory(self, memory) -> None:
         """Register buffers this Comm keeps between calls with an engine's memory ledger:
         a host Comm keeps none (the staged Comm of --device gpu does)."""

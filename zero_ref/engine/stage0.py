@@ -546,3 +546,31 @@ class Stage0DataParallel:
         "param" is the float32 master weights (the parameters themselves in fp32)."""
         whole = {"param": self.master, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
         return whole[kind], None
+
+    # ---- what the driver reads and sets (zero_ref/train.py, zero_ref/app/report.py)
+    @property
+    def device_description(self) -> str | None:
+        """The device that holds the model's arrays (--device gpu), or None: RAM."""
+        return getattr(self.place, "description", None)
+
+    def memory_report(self) -> dict:
+        """The memory ledger as plain data: bytes by category in RAM, on disk, on the
+        device, and the peaks (zero_ref/engine/memory.py's MemoryLedger.report)."""
+        return self.memory.report()
+
+    def buffer_bytes(self) -> dict[str, int]:
+        """Each buffer this rank holds in RAM now, by its ledger name."""
+        return self.memory.bytes_by_name("buffers")
+
+    def stale_swap_folders(self) -> list[str]:
+        """Swap folders a killed run left under --nvme-path, which this engine removed."""
+        return [str(p) for p in self.nvme.stale] if self.nvme is not None else []
+
+    def attach_trace(self, trace) -> None:
+        """Record on `trace` (a zero_ref.io.trace.Trace, --trace) from now on: the units
+        and the update (and the saves, zero_ref/checkpoint/writer.py), the Comm ledger's
+        collectives and copies, the offloaded update's swap reads, AdamW sub-groups and
+        writes."""
+        self.trace = self.comm.ledger.trace = trace
+        if self.offloaded is not None:
+            self.offloaded.trace = trace
