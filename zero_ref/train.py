@@ -22,7 +22,6 @@ from zero_ref.app.progress import Progress
 from zero_ref.app.report import comm_table, memory_table, rank_report, rss_table
 from zero_ref.app.resume import Saver, announce_resume, open_checkpoint, resume_engine
 from zero_ref.app.tasks import Task, build_task, describe_params
-from zero_ref.app.threads import settle_thread_budget
 from zero_ref.comm.ledger import expected_sent_bytes, paper_sent_bytes
 from zero_ref.engine.init_source import FileInit, InitSource, RandomInit
 from zero_ref.engine.memory import formula_bytes
@@ -30,6 +29,7 @@ from zero_ref.io.metrics_log import JsonlLog
 from zero_ref.io.tensor_io import SafetensorsWriter
 from zero_ref.io.trace import Trace, write_trace
 from zero_ref.layout.flat import tensor_views
+from zero_ref.threads import settle_thread_budget
 
 
 def device_line(engine, comm) -> str:
