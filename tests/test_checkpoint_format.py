@@ -52,7 +52,7 @@ from zero_ref.checkpoint.writer import (
     save_checkpoint,
     write_rank_file,
 )
-from zero_ref.comm.collectives import comm_for
+from zero_ref.comm.choose import comm_for
 from zero_ref.config import ZeroConfig
 from zero_ref.engine import make_engine
 from zero_ref.engine.init_source import RandomInit

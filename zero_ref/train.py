@@ -81,7 +81,8 @@ def prepare(parsed: Parsed, world: int) -> tuple[Task, InitSource, object, np.nd
 
 def train(parsed: Parsed, mpi_comm) -> None:
     from zero_ref.app.oracle_check import OracleCheck
-    from zero_ref.comm.collectives import comm_for, ranks_sharing_this_host
+    from zero_ref.comm.choose import comm_for
+    from zero_ref.comm.collectives import ranks_sharing_this_host
     from zero_ref.engine import make_engine
 
     run, zero = parsed.run, parsed.zero

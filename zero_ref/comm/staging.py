@@ -164,23 +164,3 @@ class StagedComm:
 
     def iallgather(self, send, recv):
         raise NotImplementedError("non-blocking collectives on device arrays are not staged yet")
-
-
-def device_comm(comm: Comm, cuda_aware_mpi: str) -> Comm | StagedComm:
-    """The Comm a --device gpu engine uses: the library asked whether it is CUDA-aware
-    and --cuda-aware-mpi resolved against its answer (zero_ref/gpu/mpi_support.py).
-    CUDA-aware: a Comm that hands MPI the device arrays themselves, its temporaries and
-    16-bit sums on the device, each call after a device synchronize (DeviceArrays).
-    Not: a StagedComm, through reused pinned host buffers."""
-    from numba import cuda
-
-    from zero_ref.gpu.arrays import DeviceArrays
-    from zero_ref.gpu.mpi_support import choose_path, library_says_cuda_aware
-
-    path = choose_path(cuda_aware_mpi, library_says_cuda_aware())
-    if not path.cuda_aware:
-        return StagedComm(comm, cuda.pinned_array, path.describe())
-    direct = Comm(comm.mpi, comm.reduction, comm.check_schedule)
-    direct.arrays = DeviceArrays(lambda: f"rank {direct.rank}, step {direct.step}")
-    direct.path = path.describe()
-    return direct
