@@ -70,7 +70,7 @@ def compute_for(device: str, offload_optimizer: str, host_place, device_place, l
     if device == "gpu" and offload_optimizer == "cpu":
         from zero_ref.gpu.cpu_offload import CpuOffloadCompute
 
-        return CpuOffloadCompute(host_place, ledger)
+        return CpuOffloadCompute(HostCompute(), host_place, ledger)
     if device == "gpu":
         from zero_ref.gpu.compute import DeviceCompute  # numba.cuda only when asked
 
