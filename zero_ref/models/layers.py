@@ -85,7 +85,7 @@ def embedding_backward(ids: np.ndarray, dout: np.ndarray, dtable: np.ndarray) ->
     """
     xp = array_module(dtable)
     if not on_host(xp):  # on a device: the twin's additions in order, not add.at's atomics
-        from zero_ref.gpu.model_kernels import embedding_backward as on_device
+        from zero_ref.models.layers_cuda import embedding_backward as on_device
 
         rows = xp.ascontiguousarray(dout).reshape(-1, dout.shape[-1])
         return on_device(xp.asarray(ids).reshape(-1), rows, dtable)
