@@ -90,7 +90,7 @@ def train(parsed: Parsed, mpi_comm) -> None:
     budget = settle_thread_budget(ranks_sharing_this_host(mpi_comm))
     # what libraries set up once is part of the baseline, not of ZeRO's memory (on the host
     # Comm: a GPU run's staging buffers would otherwise keep the warm-up's size)
-    warm_up(getattr(comm, "host", comm))
+    warm_up(getattr(comm, "host_comm", comm))
     phases = PhasePeaks()
     task, init, vocab, tokens, checkpoint = prepare(parsed, comm.size)
     parts = job_parts(run, zero, task.model, vocab.chars, tokens, __version__, checkpoint)
