@@ -39,8 +39,8 @@ import numpy as np
 from bench_common import add_record_flag, emit, load_average
 
 from zero_ref.app.cli import parse_args
-from zero_ref.checkpoint.consolidate import WINDOW_NUMEL
 from zero_ref.checkpoint.manifest import STATE_KINDS, read_manifest, resolve_tag
+from zero_ref.checkpoint.to_safetensors import WINDOW_NUMEL
 from zero_ref.estimate import model_for
 from zero_ref.io.metrics_log import read_jsonl
 from zero_ref.io.tensor_io import load_named

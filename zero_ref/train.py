@@ -35,9 +35,9 @@ from zero_ref.app.run_setup import (
     warm_up,
 )
 from zero_ref.app.tasks import describe_params
-from zero_ref.app.threads import settle_thread_budget
 from zero_ref.io.metrics_log import JsonlLog
 from zero_ref.io.trace import Trace
+from zero_ref.threads import settle_thread_budget
 
 if TYPE_CHECKING:  # imported where they run: each brings MPI, or a run's one-time cost
     from zero_ref.app.oracle_check import OracleCheck
@@ -78,7 +78,8 @@ def set_up(parsed: Parsed, mpi_comm) -> Training:
     """Everything before step one, in order: the Comm and the thread budget, the
     libraries' warm-up (the memory baseline), the checks (the corpus, the same job on
     every rank, the memory it needs), the engine, the first line, the outputs."""
-    from zero_ref.comm.collectives import comm_for, ranks_sharing_this_host
+    from zero_ref.comm.choose import comm_for
+    from zero_ref.comm.collectives import ranks_sharing_this_host
 
     run, zero = parsed.run, parsed.zero
     comm = comm_for(mpi_comm, zero)

@@ -72,7 +72,7 @@ def _check_comm_matches(comm: Comm, cfg: ZeroConfig) -> None:
         raise ValueError(
             f"ZeroConfig.deterministic={cfg.deterministic} but the Comm reduces with "
             f"{type(comm.reduction).__name__}: build the Comm with "
-            "zero_ref.comm.collectives.comm_for(mpi_comm, cfg)"
+            "zero_ref.comm.choose.comm_for(mpi_comm, cfg)"
         )
     if cfg.check_schedule:
         comm.check_schedule = True
