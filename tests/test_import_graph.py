@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("zero_ref",),  # the package __init__: __version__, the thread budget (threads)
     ("config",),  # every frozen config, validated once
     ("dtypes", "rounding_cuda"),  # the roundings (HostArrays) and their CUDA twins
+    ("memory_formulas",),  # each rank's bytes per stage: integers (and ElementBytes) in and out
     ("optim",),  # the update phase's kernels, each beside its NumPy twin (and CUDA's)
     ("gpu",),  # device arrays and copies, the device's placement and compute policies
     ("comm",),  # the only mpi4py importer: host and device (staged) collectives

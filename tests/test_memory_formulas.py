@@ -1,4 +1,4 @@
-"""zero_ref/layout/memory_formulas.py: the stage ladder written once, and each buffer the
+"""zero_ref/memory_formulas.py: the stage ladder written once, and each buffer the
 engine keeps, by its ledger name, what the formula says (not only their sum)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from zero_ref.comm.collectives import Comm
 from zero_ref.config import ZeroConfig
 from zero_ref.dtypes import element_bytes
 from zero_ref.engine import make_engine
-from zero_ref.layout.memory_formulas import LADDER, buffer_bytes, sharded
+from zero_ref.memory_formulas import LADDER, buffer_bytes, sharded
 from zero_ref.models.unit import init_params
 from zero_ref.testing.replay import ReplayModel
 

@@ -2,7 +2,7 @@
 
 Model states (Sec. 5 of the ZeRO paper) are counted from the real padded
 layout with the formulas the engine's ledger is checked against
-(zero_ref/layout/memory_formulas.py), so this part equals the ledger exactly.
+(zero_ref/memory_formulas.py), so this part equals the ledger exactly.
 Activations are counted from the shapes the GPT and MLP units keep for
 backward, plus the transients of the backward pass at its worst moment. No MPI
 here: zero_ref/app/estimate_messages.py turns the estimate into a refusal
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from zero_ref.app.cli import Parsed
 from zero_ref.dtypes import ElementBytes, element_bytes
 from zero_ref.layout.flat import FlatLayout, model_layout
-from zero_ref.layout.memory_formulas import (
+from zero_ref.memory_formulas import (
     FP32,
     buffer_formula_bytes,
     formula_bytes,

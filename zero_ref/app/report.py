@@ -5,7 +5,7 @@ from __future__ import annotations
 from zero_ref.app.process_memory import PhasePeaks
 from zero_ref.comm.ledger import COPY_KINDS, CommLedger, expected_sent_bytes, paper_sent_bytes
 from zero_ref.dtypes import ElementBytes
-from zero_ref.layout.memory_formulas import CATEGORIES, FP32, formula_bytes, paper_formula_bytes
+from zero_ref.memory_formulas import CATEGORIES, FP32, formula_bytes, paper_formula_bytes
 
 
 def rank_report(engine, phases: PhasePeaks | None = None) -> dict:

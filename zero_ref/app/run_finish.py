@@ -20,7 +20,7 @@ from zero_ref.io.metrics_log import JsonlLog
 from zero_ref.io.tensor_io import SafetensorsWriter
 from zero_ref.io.trace import Trace, write_trace
 from zero_ref.layout.flat import tensor_views
-from zero_ref.layout.memory_formulas import formula_bytes
+from zero_ref.memory_formulas import formula_bytes
 
 
 def finish(
