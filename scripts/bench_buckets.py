@@ -31,7 +31,7 @@ from mpi4py import MPI
 from zero_ref.app.cli import parse_args
 from zero_ref.app.data import encode_corpus, load_text
 from zero_ref.app.tasks import build_task
-from zero_ref.comm.collectives import comm_for
+from zero_ref.comm.choose import comm_for
 from zero_ref.engine import make_engine
 from zero_ref.engine.init_source import RandomInit
 

@@ -39,11 +39,12 @@ import numpy as np
 from bench_common import add_record_flag, emit, load_average
 
 from zero_ref.app.cli import parse_args
-from zero_ref.checkpoint.consolidate import WINDOW_NUMEL
 from zero_ref.checkpoint.manifest import STATE_KINDS, read_manifest, resolve_tag
-from zero_ref.estimate import model_for, model_layout
+from zero_ref.checkpoint.to_safetensors import WINDOW_NUMEL
+from zero_ref.estimate import model_for
 from zero_ref.io.metrics_log import read_jsonl
 from zero_ref.io.tensor_io import load_named
+from zero_ref.layout.flat import model_layout
 
 CHUNK_BYTES = 16 << 20  # the disk test writes and reads this much at a time
 F32 = 4

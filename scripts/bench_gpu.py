@@ -7,7 +7,7 @@ so each kernel's bytes per second is reported as a fraction of a device-to-
 device copy's, measured in the same run (target for AdamW: >= 0.8):
 
   copy        dst <- src, float32: 8 bytes per element (read 4, write 4)
-  adamw       zero_ref.gpu.kernels.adamw: 28 bytes per element (read p, g, m, v;
+  adamw       zero_ref.optim.adamw_cuda.adamw: 28 bytes per element (read p, g, m, v;
               write p, m, v)
   unscale     unscale_and_clip with clipping: 8 bytes per element
   norm bins   sumsq_bins (exact norm): 4 bytes per element read, integer atomics
@@ -43,16 +43,17 @@ import numpy as np
 from bench_common import emit
 from numba import cuda
 
+from zero_ref import cuda_math
 from zero_ref.comm.collectives import Comm
 from zero_ref.comm.staging import HostStaging
 from zero_ref.config import AdamWConfig
-from zero_ref.gpu import kernels
+from zero_ref.optim import adamw_cuda, gradnorm_cuda
 from zero_ref.optim.adamw import adamw_scalars
 
 
 def device_name() -> str:
     """The GPU's name (numba gives bytes without NVIDIA's Python bindings)."""
-    if kernels.SIMULATOR:
+    if cuda_math.SIMULATOR:
         return "simulator"
     name = cuda.get_current_device().name
     return name.decode() if isinstance(name, bytes) else str(name)
@@ -130,8 +131,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=5, help="steps left out of the medians")
     p.add_argument("--train-ranks", type=int, default=4, help="ranks of each --train run")
     a = p.parse_args()
-    n = 4096 if kernels.SIMULATOR else a.numel
-    repeats = 1 if kernels.SIMULATOR else a.repeats
+    n = 4096 if cuda_math.SIMULATOR else a.numel
+    repeats = 1 if cuda_math.SIMULATOR else a.repeats
     rng = np.random.default_rng(0)
     host = rng.standard_normal(n).astype(np.float32)
     param, grad, m = (cuda.to_device(host) for _ in range(3))
@@ -140,11 +141,12 @@ def main() -> None:
     s = adamw_scalars(AdamWConfig(), 1)
     seconds = {
         "copy": timed(lambda: out.copy_to_device(param), repeats),
-        "adamw": timed(lambda: kernels.adamw(param, grad, m, v, s), repeats),
+        "adamw": timed(lambda: adamw_cuda.adamw(param, grad, m, v, s), repeats),
         "unscale": timed(
-            lambda: kernels.unscale_and_clip(grad, out, np.float32(8), np.float32(0.5)), repeats
+            lambda: gradnorm_cuda.unscale_and_clip(grad, out, np.float32(8), np.float32(0.5)),
+            repeats,
         ),
-        "norm_bins": timed(lambda: kernels.sumsq_bins(grad), repeats),
+        "norm_bins": timed(lambda: gradnorm_cuda.sumsq_bins(grad), repeats),
     }
     moved = {"copy": 8, "adamw": 28, "unscale": 8, "norm_bins": 4}
     gbps = {k: moved[k] * n / t / 1e9 for k, t in seconds.items()}
@@ -154,7 +156,7 @@ def main() -> None:
     d2h = timed(lambda: staging.to_host(grad, HostStaging.SEND), repeats)
     h2d = timed(lambda: staging.to_device(staging.buffer(0, n, np.float32), grad), repeats)
     result = {
-        "simulator": kernels.SIMULATOR,
+        "simulator": cuda_math.SIMULATOR,
         "device": device_name(),
         "numel": n,
         "seconds": seconds,
@@ -173,7 +175,7 @@ def main() -> None:
         f"{gbps['adamw']:.1f} GB/s = {result['fraction_of_copy']['adamw']:.2f} of copy "
         f"(target >= 0.8); staging d2h {result['staging_gb_per_s']['device_to_host']:.1f}, "
         f"h2d {result['staging_gb_per_s']['host_to_device']:.1f} GB/s"
-        + (" (simulator: these figures mean nothing)" if kernels.SIMULATOR else ""),
+        + (" (simulator: these figures mean nothing)" if cuda_math.SIMULATOR else ""),
         flush=True,
     )
     for name, run in result.get("train", {}).items():

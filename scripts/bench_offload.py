@@ -35,7 +35,7 @@ import numpy as np
 from bench_common import add_record_flag, emit, load_average, replay_model
 from mpi4py import MPI
 
-from zero_ref.comm.collectives import comm_for
+from zero_ref.comm.choose import comm_for
 from zero_ref.config import ZeroConfig
 from zero_ref.engine import make_engine
 from zero_ref.engine.init_source import RandomInit

@@ -3,8 +3,10 @@
     python scripts/stages_tables.py            # prints the markdown docs/stages.md holds
 
 The fourth table splits the mixed-precision bytes by where they live when the
-optimizer state is offloaded (--offload-optimizer nvme, or cpu with --device gpu)
-and, at stage 3, the parameters too (--offload-param nvme).
+optimizer state is offloaded: to NVMe (--offload-optimizer nvme, which at stages 2-3
+takes the gradient shard to disk too: memory.grads_on_disk), with, at stage 3, the
+parameters too (--offload-param nvme); and to host RAM with --device gpu
+--offload-optimizer cpu (ZeRO-Offload: the gradients stay on the device).
 
 tests/test_docs.py checks that docs/stages.md contains exactly what this prints, so
 the tables cannot drift from the formulas the engine's ledger is tested against.
@@ -13,7 +15,7 @@ the tables cannot drift from the formulas the engine's ledger is tested against.
 from __future__ import annotations
 
 from zero_ref.dtypes import element_bytes
-from zero_ref.engine.memory import FP32, formula_bytes, paper_formula_bytes
+from zero_ref.engine.memory import FP32, formula_bytes, grads_on_disk, paper_formula_bytes
 
 STAGES = {0: "baseline (DP)", 1: "P_os", 2: "P_os+g", 3: "P_os+g+p"}
 GB = 1e9
@@ -79,21 +81,29 @@ def projection_table() -> str:
 
 def offload_table() -> str:
     """Where one rank's bytes per parameter live when the optimizer state (and at stage
-    3 the parameters) are offloaded: formula_bytes's categories, bf16, N = 64."""
+    3 the parameters) are offloaded: formula_bytes's categories, bf16, N = 64. On NVMe
+    the gradient shard goes to disk with the optimizer at stages 2-3 (grads_on_disk;
+    stage 1's full gradient buffer stays in RAM); ZeRO-Offload to host RAM leaves the
+    gradients on the device."""
     psi, n = 64 * 10**6, 64
     mixed = element_bytes("bf16", "bf16", "bf16")
     lines = [
-        "| stage | nothing offloaded | optimizer offloaded: kept + offloaded "
-        "| stage 3, parameters too: kept + on disk |",
-        "|---|---|---|---|",
+        "| stage | nothing offloaded | optimizer on NVMe: RAM + disk "
+        "| stage 3, parameters too: RAM + disk "
+        "| `--device gpu --offload-optimizer cpu`: device + host RAM |",
+        "|---|---|---|---|---|",
     ]
     for stage, name in STAGES.items():
         parts = {k: v / psi for k, v in formula_bytes(stage, psi, n, 1, mixed).items()}
-        cells = [f"{sum(parts.values()):.3f}", "- (stages 1-3)", "-"]
+        cells = [f"{sum(parts.values()):.3f}", "- (stages 1-3)", "-", "- (stages 1-3)"]
         if stage >= 1:
-            cells[1] = f"{parts['params'] + parts['grads']:g} + {parts['optimizer']:g}"
+            grads_disk = parts["grads"] if grads_on_disk(stage, "nvme") else 0.0
+            ram = parts["params"] + parts["grads"] - grads_disk
+            cells[1] = f"{ram:g} + {parts['optimizer'] + grads_disk:g}"
+            cells[3] = f"{parts['params'] + parts['grads']:g} + {parts['optimizer']:g}"
         if stage == 3:
-            cells[2] = f"{parts['grads']:g} + {parts['params'] + parts['optimizer']:g}"
+            ram = parts["grads"] - grads_disk
+            cells[2] = f"{ram:g} + {parts['params'] + parts['optimizer'] + grads_disk:g}"
         lines.append(f"| {stage} {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

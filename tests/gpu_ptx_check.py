@@ -1,5 +1,6 @@
-"""Compiles zero_ref/gpu/kernels.py's kernels to PTX for a real GPU (no GPU needed, only
-NVVM) and prints, as JSON, the floating-point instructions each one contains; run by
+"""Compiles zero_ref's CUDA kernels (zero_ref/optim/*_cuda.py, zero_ref/rounding_cuda.py,
+zero_ref/models/layers_cuda.py) to PTX for a real GPU (no GPU needed, only NVVM) and
+prints, as JSON, the floating-point instructions each one contains; run by
 tests/test_gpu_kernels.py as
 
     NUMBA_ENABLE_CUDASIM=0 python tests/gpu_ptx_check.py
@@ -19,20 +20,22 @@ os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
 
 from numba import cuda, types  # noqa: E402
 
-from zero_ref.gpu import kernels, model_kernels  # noqa: E402
+from zero_ref import rounding_cuda  # noqa: E402
+from zero_ref.models import layers_cuda  # noqa: E402
+from zero_ref.optim import adamw_cuda, gradnorm_cuda  # noqa: E402
 
 f32, F32 = types.float32, types.float32[::1]
 SCALARS = types.Tuple([f32, f32, types.boolean, f32, f32, f32, f32, f32, f32])
 SIGNATURES = {
-    "adamw": (kernels._adamw, types.void(F32, F32, F32, F32, SCALARS)),
+    "adamw": (adamw_cuda._adamw, types.void(F32, F32, F32, F32, SCALARS)),
     "unscale_and_clip": (
-        kernels._unscale_and_clip,
+        gradnorm_cuda._unscale_and_clip,
         types.void(F32, F32, f32, f32, types.boolean),
     ),
-    "round_fp16": (kernels._round_fp16, types.void(types.uint32[::1], types.uint16[::1])),
-    "round_bf16": (kernels._round_bf16, types.void(types.uint32[::1], types.uint16[::1])),
+    "round_fp16": (rounding_cuda._round_fp16, types.void(types.uint32[::1], types.uint16[::1])),
+    "round_bf16": (rounding_cuda._round_bf16, types.void(types.uint32[::1], types.uint16[::1])),
     "embedding_backward": (
-        model_kernels._embedding_backward_columns,
+        layers_cuda._embedding_backward_columns,
         types.void(types.int64[::1], types.float32[:, ::1], types.float32[:, ::1]),
     ),
 }  # sumsq_bins and first_nonfinite are integer atomics (any order, same result); compiling

@@ -18,7 +18,7 @@ from mpi4py import MPI
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mpi_checks import run_checks  # noqa: E402  (beside this script, which runs by path)
 
-from zero_ref.comm.collectives import comm_for  # noqa: E402
+from zero_ref.comm.choose import comm_for  # noqa: E402
 from zero_ref.config import ZeroConfig  # noqa: E402
 from zero_ref.engine import make_engine  # noqa: E402
 from zero_ref.gpu import device, mpi_support  # noqa: E402

@@ -16,7 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 from zero_ref.app.failure import FailureGuard
-from zero_ref.comm.collectives import comm_for
+from zero_ref.comm.choose import comm_for
 from zero_ref.config import ZeroConfig
 from zero_ref.engine import make_engine
 from zero_ref.models.unit import init_params

@@ -13,7 +13,7 @@ import numpy as np
 from mpi4py import MPI
 from mpi_checks import run_checks  # beside this script, which runs by path
 
-from zero_ref.comm.collectives import comm_for
+from zero_ref.comm.choose import comm_for
 from zero_ref.config import ZeroConfig
 from zero_ref.engine import make_engine
 from zero_ref.engine.init_source import RandomInit

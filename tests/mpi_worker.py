@@ -24,7 +24,7 @@ from mpi4py import MPI
 from zero_ref.app.resume import restore
 from zero_ref.checkpoint.reader import Checkpoint
 from zero_ref.checkpoint.writer import save_checkpoint
-from zero_ref.comm.collectives import comm_for
+from zero_ref.comm.choose import comm_for
 from zero_ref.config import AdamWConfig, ZeroConfig
 from zero_ref.engine import make_engine
 from zero_ref.engine.memory import formula_bytes

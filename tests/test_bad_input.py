@@ -209,7 +209,7 @@ def test_the_space_a_save_needs_covers_what_it_writes(tmp_path):
 
 def tiny_engine():
     """A one-rank engine of two small units (COMM_SELF): what a save of it writes."""
-    from zero_ref.comm.collectives import comm_for
+    from zero_ref.comm.choose import comm_for
     from zero_ref.config import ZeroConfig
     from zero_ref.engine import make_engine
     from zero_ref.models.unit import init_params

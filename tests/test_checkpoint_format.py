@@ -26,7 +26,6 @@ from hypothesis import strategies as st
 from mpi4py import MPI
 from safetensors.numpy import load_file
 
-from zero_ref.checkpoint.consolidate import consolidate
 from zero_ref.checkpoint.manifest import (
     FORMAT,
     FORMAT_VERSION,
@@ -44,6 +43,7 @@ from zero_ref.checkpoint.manifest import (
 )
 from zero_ref.checkpoint.reader import Checkpoint
 from zero_ref.checkpoint.reshard import Piece, pieces
+from zero_ref.checkpoint.to_safetensors import consolidate
 from zero_ref.checkpoint.writer import (
     _publish,
     build_manifest,
@@ -52,7 +52,7 @@ from zero_ref.checkpoint.writer import (
     save_checkpoint,
     write_rank_file,
 )
-from zero_ref.comm.collectives import comm_for
+from zero_ref.comm.choose import comm_for
 from zero_ref.config import ZeroConfig
 from zero_ref.engine import make_engine
 from zero_ref.engine.init_source import RandomInit

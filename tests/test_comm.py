@@ -9,7 +9,8 @@ import pytest
 from mpi4py import MPI
 
 from tests.mpi_pool import run_mpi_checks
-from zero_ref.comm.collectives import Comm, MPIReduction, OrderedReduction, comm_for
+from zero_ref.comm.choose import comm_for
+from zero_ref.comm.collectives import Comm, MPIReduction, OrderedReduction
 from zero_ref.comm.ledger import CommLedger
 from zero_ref.config import ZeroConfig
 from zero_ref.engine import make_engine

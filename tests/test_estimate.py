@@ -11,7 +11,7 @@ import pytest
 from mpi4py import MPI
 
 from zero_ref.app.cli import UsageError, parse_args
-from zero_ref.comm.collectives import comm_for
+from zero_ref.comm.choose import comm_for
 from zero_ref.config import ZeroConfig
 from zero_ref.engine import make_engine
 from zero_ref.engine.init_source import RandomInit

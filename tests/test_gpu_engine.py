@@ -17,7 +17,7 @@ from tests.test_parity import (
     pinned,
     run,
 )
-from zero_ref.comm.collectives import comm_for
+from zero_ref.comm.choose import comm_for
 from zero_ref.config import ZeroConfig
 from zero_ref.engine import make_engine
 from zero_ref.gpu.device import DeviceSetupError, simulated

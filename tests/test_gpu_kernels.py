@@ -2,7 +2,9 @@
 
 In CI they run in numba-cuda's simulator (tests/conftest.py sets NUMBA_ENABLE_CUDASIM=1);
 scripts/gpu_check.sh runs the same tests on a real GPU, where the libdevice `_rn`
-spelling is what keeps them bitwise (zero_ref/gpu/kernels.py)."""
+spelling is what keeps them bitwise (zero_ref/cuda_math.py). Each kernel sits beside its twin:
+zero_ref/rounding_cuda.py, zero_ref/optim/{adamw,gradnorm,nonfinite}_cuda.py,
+zero_ref/models/layers_cuda.py."""
 
 from __future__ import annotations
 
@@ -11,9 +13,10 @@ import numpy as np
 import pytest
 from numba import cuda
 
+from zero_ref import cuda_math, rounding_cuda
 from zero_ref.config import AdamWConfig
 from zero_ref.dtypes import round_into
-from zero_ref.gpu import kernels
+from zero_ref.optim import adamw_cuda, gradnorm_cuda, nonfinite_cuda
 from zero_ref.optim.adamw import adamw_reference, adamw_scalars
 from zero_ref.optim.gradnorm import sumsq_bins_reference, unscale_and_clip
 from zero_ref.optim.nonfinite import first_nonfinite
@@ -46,7 +49,7 @@ def test_adamw_is_bitwise_its_twin(n, beta1, step):
     v = np.abs(rng.standard_normal(n)).astype(np.float32) * 0.01
     s = adamw_scalars(AdamWConfig(lr=1e-3, betas=(beta1, 0.999), weight_decay=0.01), step)
     device = [cuda.to_device(a) for a in (param, grad, m, v)]
-    kernels.adamw(*device, s)
+    adamw_cuda.adamw(*device, s)
     adamw_reference(param, grad, m, v, s)
     for host, dev in zip((param, grad, m, v), device, strict=True):
         assert np.array_equal(bits(host), bits(dev.copy_to_host()))
@@ -58,7 +61,7 @@ def test_unscale_and_clip_is_bitwise_its_twin(n, coef):
     grad = awkward(n, 1)
     divisor, c = np.float32(12.0), np.float32(coef)
     out = cuda.device_array(n, np.float32)
-    kernels.unscale_and_clip(cuda.to_device(grad), out, divisor, c)
+    gradnorm_cuda.unscale_and_clip(cuda.to_device(grad), out, divisor, c)
     assert np.array_equal(bits(out.copy_to_host()), bits(unscale_and_clip(grad, divisor, c)))
 
 
@@ -67,14 +70,14 @@ def test_sumsq_bins_are_its_twins(n):
     x = awkward(n, 2)
     if n > 6:
         x[[4, 5, 6]] = [np.inf, -np.inf, np.nan]
-    assert np.array_equal(kernels.sumsq_bins(cuda.to_device(x)), sumsq_bins_reference(x))
+    assert np.array_equal(gradnorm_cuda.sumsq_bins(cuda.to_device(x)), sumsq_bins_reference(x))
 
 
 @pytest.mark.parametrize("bad", [[], [5], [9, 3, 11]])
 def test_first_nonfinite_is_its_twins(bad):
     x = awkward(13, 3)
     x[bad] = np.nan if len(bad) == 1 else np.inf
-    assert kernels.first_nonfinite(cuda.to_device(x)) == first_nonfinite([x])
+    assert nonfinite_cuda.first_nonfinite(cuda.to_device(x)) == first_nonfinite([x])
 
 
 # The simulator casts in its own threads, where NumPy warns that an fp16 overflow became
@@ -88,11 +91,11 @@ def test_16_bit_rounding_and_widening_are_their_twins(dtype, n):
         src[[4, 5, 6]] = [np.float32(3.4e38), np.float32(-70000.0), np.nan]  # overflow, NaN
     expected = round_into(np.empty(n, dtype), src)
     dst = cuda.device_array(n, dtype)
-    kernels.round_into(dst, cuda.to_device(src), np.dtype(dtype).name)
+    rounding_cuda.round_into(dst, cuda.to_device(src), np.dtype(dtype).name)
     got = dst.copy_to_host()
     assert np.array_equal(bits(got), bits(expected))  # NaN too: torch's canonical quiet NaN
     wide = cuda.device_array(n, np.float32)
-    kernels.widen(wide, dst, np.dtype(dtype).name)
+    rounding_cuda.widen(wide, dst, np.dtype(dtype).name)
     assert np.array_equal(bits(wide.copy_to_host()), bits(got.astype(np.float32)))
 
 
@@ -107,12 +110,12 @@ def test_16_bit_roundings_of_the_hard_values_are_the_cpu_kernels_bits(dtype):
     src = np.concatenate([SPECIAL_BITS, awkward_bits(64, 3)])
     expected = round_into(np.empty(src.size, dtype), src.view(np.float32))
     dst = cuda.device_array(src.size, dtype)
-    kernels.round_into(dst, cuda.to_device(src.view(np.float32)), np.dtype(dtype).name)
+    rounding_cuda.round_into(dst, cuda.to_device(src.view(np.float32)), np.dtype(dtype).name)
     assert np.array_equal(bits(dst.copy_to_host()), bits(expected))
     more = np.array([0x7C01, 0xFC01, 0x7DFF, 0x0001, 0x83FF, 0x7F81, 0xFFFF], np.uint16)
     halves = np.concatenate([expected.view(np.uint16), more])
     wide = cuda.device_array(halves.size, np.float32)
-    kernels.widen(wide, cuda.to_device(halves.view(dtype)), np.dtype(dtype).name)
+    rounding_cuda.widen(wide, cuda.to_device(halves.view(dtype)), np.dtype(dtype).name)
     want = halves.view(dtype).astype(np.float32)
     assert np.array_equal(bits(wide.copy_to_host()), bits(want))
 
@@ -122,8 +125,8 @@ def test_16_bit_roundings_of_the_hard_values_are_the_cpu_kernels_bits(dtype):
 def test_the_embedding_backward_kernel_is_the_cpu_kernel_bitwise(n, columns):
     """Repeated ids (a batch of characters has them): the device kernel adds each
     table element's rows in order, so its sums are the CPU Numba kernel's bits."""
-    from zero_ref.gpu.model_kernels import embedding_backward
     from zero_ref.models.layers import embedding_backward as on_cpu
+    from zero_ref.models.layers_cuda import embedding_backward
 
     rng = np.random.default_rng(n)
     ids = rng.integers(0, 4, n)  # few rows: many repeats
@@ -154,7 +157,7 @@ def test_bench_gpu_runs_and_ends_with_json():
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert set(result["gb_per_s"]) == {"copy", "adamw", "unscale", "norm_bins"}
-    assert result["simulator"] is kernels.SIMULATOR
+    assert result["simulator"] is cuda_math.SIMULATOR
 
 
 def test_on_hardware_the_float_kernels_hold_no_fma_and_only_correctly_rounded_ops():

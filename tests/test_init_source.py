@@ -9,7 +9,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from zero_ref.comm.collectives import comm_for
+from zero_ref.comm.choose import comm_for
 from zero_ref.config import ZeroConfig
 from zero_ref.engine import make_engine
 from zero_ref.engine.init_source import FileInit, NamedInit, RandomInit

@@ -13,13 +13,12 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from zero_ref.comm.collectives import comm_for
+from zero_ref.comm.choose import comm_for
 from zero_ref.config import ZeroConfig
 from zero_ref.engine import make_engine
 from zero_ref.io.trace import Trace
 from zero_ref.models.unit import init_params
 from zero_ref.testing.replay import ReplayModel
-from zero_ref.train import attach_trace
 
 # Units of different sizes, so each unit's range in the swap file is its own.
 UNITS = [(f"u{i}", [("w", (7 + 3 * i, 11 + i))]) for i in range(5)]
@@ -40,7 +39,7 @@ def traced_steps(tmp_path, steps: int, grad_accum: int, precision: str):
     comm = comm_for(MPI.COMM_SELF, config)
     engine = make_engine(model, init_params(model, 0), config, comm)
     trace = Trace(0)
-    attach_trace(trace, engine, comm)
+    engine.attach_trace(trace)
     for step in range(steps):
         contexts = model.contexts(1, step, grad_accum, 1)[:, 0]
         engine.train_step(contexts, np.zeros((grad_accum, 1)))
@@ -111,7 +110,7 @@ def test_without_parameter_offload_nothing_is_read_ahead(tmp_path):
     comm = comm_for(MPI.COMM_SELF, config)
     engine = make_engine(model, init_params(model, 0), config, comm)
     trace = Trace(0)
-    attach_trace(trace, engine, comm)
+    engine.attach_trace(trace)
     engine.train_step(model.contexts(1, 0, 1, 1)[:, 0], np.zeros((1, 1)))
     assert not [e for e in trace.events if e.get("name", "").startswith("readahead")]
     assert any(e.get("name") == "allgather" for e in trace.events)

@@ -14,7 +14,9 @@ it belongs to; a CuPy array without the hook is CuPy's.
 
 from __future__ import annotations
 
+import functools
 import importlib
+from collections.abc import Callable
 from types import ModuleType
 
 import numpy as np
@@ -35,3 +37,21 @@ def array_module(x) -> ModuleType:
 def on_host(xp: ModuleType) -> bool:
     """True when xp is NumPy: the Numba kernels can read the arrays."""
     return xp is np
+
+
+def numba_on_host(twin: Callable, arg: int = 0) -> Callable:
+    """The layers' one choice of where their math runs, as a decorator: the decorated
+    function (it calls Numba kernels, which read host memory only) when positional
+    argument `arg` is a NumPy array; otherwise `twin`, with the same signature, which
+    computes in that array's own module (a device's: CuPy on a GPU)."""
+
+    def choose(kernels: Callable) -> Callable:
+        @functools.wraps(kernels)
+        def run(*args, **kwargs):
+            if on_host(array_module(args[arg])):
+                return kernels(*args, **kwargs)
+            return twin(*args, **kwargs)
+
+        return run
+
+    return choose

@@ -1,18 +1,17 @@
-"""Configuration of the optimizer and the ZeRO engine, validated once.
+"""Configuration of the optimizer, fp16's loss scaler and the ZeRO engine, validated once.
 
 Frozen dataclasses: every field is checked in __post_init__ and a bad value
 raises ValueError naming the field, the value and what is allowed. Argparse
 and JSON live at the command-line edge (zero_ref.train), not here: the flags and
 DeepSpeed keys that feed these fields are rows of zero_ref.app.settings, which take
-these defaults unless they say why not (lr, clip, grad_accum: docs/flags.md).
+these defaults unless they say why not (lr, clip, grad_accum: docs/flags.md). Every
+config dataclass is here, below the code that reads it (optim, engine, app).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-
-from zero_ref.optim.loss_scale import LossScaleConfig
 
 STAGES = (0, 1, 2, 3)
 NONFINITE_POLICIES = ("raise", "skip")  # see zero_ref/optim/nonfinite.py
@@ -65,6 +64,49 @@ class AdamWConfig:
 
 
 @dataclass(frozen=True)
+class LossScaleConfig:
+    """DeepSpeed's fp16 keys, with their documented defaults. `loss_scale` > 0 is a
+    static scale (never changed; an overflowing step is still skipped); 0 is dynamic."""
+
+    loss_scale: float = 0.0
+    initial_scale_power: int = 16
+    loss_scale_window: int = 1000
+    hysteresis: int = 2
+    consecutive_hysteresis: bool = False
+    min_loss_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        checks = {
+            "loss_scale": (self.loss_scale, "a number >= 0 (0: dynamic)", _number(0.0)),
+            "initial_scale_power": (
+                self.initial_scale_power,
+                "an integer in [0, 127]",
+                _int(0, 127),
+            ),
+            "loss_scale_window": (self.loss_scale_window, "an integer >= 1", _int(1, None)),
+            "hysteresis": (self.hysteresis, "an integer >= 1", _int(1, None)),
+            "min_loss_scale": (self.min_loss_scale, "a number > 0", _number(0.0, strict=True)),
+        }
+        for name, (value, allowed, ok) in checks.items():
+            if not ok(value):
+                raise ValueError(f"LossScaleConfig.{name} = {value!r}: must be {allowed}")
+        if not isinstance(self.consecutive_hysteresis, bool):
+            raise ValueError(
+                f"LossScaleConfig.consecutive_hysteresis = {self.consecutive_hysteresis!r}: "
+                "must be true or false"
+            )
+        if not self.static and 2.0**self.initial_scale_power < self.min_loss_scale:
+            raise ValueError(
+                f"LossScaleConfig.initial_scale_power = {self.initial_scale_power}: 2^power "
+                f"must be >= min_loss_scale = {self.min_loss_scale}"
+            )
+
+    @property
+    def static(self) -> bool:
+        return self.loss_scale > 0
+
+
+@dataclass(frozen=True)
 class ZeroConfig:
     """What the engine does each step.
 
@@ -98,10 +140,12 @@ class ZeroConfig:
     offload_optimizer  "cpu" (device "gpu", fp16/bf16: ZeRO-Offload): the optimizer's
                   float32 state in host memory, updated there by the CPU AdamW; each
                   step the 16-bit gradient shard comes down, the 16-bit parameters go up.
-                  "nvme": the optimizer's float32 state (master weights, m, v)
-                  lives in memory-mapped files under nvme_path and streams through
-                  a pool of buffer_count sub-groups of sub_group_size elements
-                  each step (stages 1-3; docs/offload.md). "none": in RAM.
+                  "nvme": the optimizer's float32 state (master weights, m, v),
+                  and at stages 2-3 the reduced gradient shard, lives in
+                  memory-mapped files under nvme_path and streams through a pool
+                  of buffer_count sub-groups of sub_group_size elements each step
+                  (stages 1-3; stage 1's gradients stay in RAM; docs/offload.md).
+                  "none": in RAM.
     offload_param "nvme": stage 3's parameter shard lives in a swap file; each unit's
                   slice is read when it is gathered (the neighbours' prefetched) and
                   dropped from RAM after. "none": in RAM.
@@ -288,3 +332,20 @@ class ZeroConfig:
 
 def _positive_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+
+def _int(low: int, high: int | None):
+    def ok(v) -> bool:
+        in_range = high is None or v <= high
+        return isinstance(v, int) and not isinstance(v, bool) and v >= low and in_range
+
+    return ok
+
+
+def _number(low: float, strict: bool = False):
+    def ok(v) -> bool:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            return False
+        return v > low if strict else v >= low
+
+    return ok

@@ -1,6 +1,6 @@
 """`python -m zero_ref.consolidate DIR OUT.safetensors`: a checkpoint's weights as one
 plain safetensors file, with no MPI and without holding the model in memory
-(zero_ref/checkpoint/consolidate.py). The file loads with safetensors.numpy,
+(zero_ref/checkpoint/to_safetensors.py). The file loads with safetensors.numpy,
 safetensors.torch, and `python -m zero_ref.train --init OUT.safetensors`."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from zero_ref.app.output_paths import (
     checkpoint_folders,
 )
 from zero_ref.app.process_memory import resident_bytes
-from zero_ref.checkpoint.consolidate import WINDOW_NUMEL, consolidate
 from zero_ref.checkpoint.manifest import CheckpointError
 from zero_ref.checkpoint.reader import Checkpoint
+from zero_ref.checkpoint.to_safetensors import WINDOW_NUMEL, consolidate
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -33,7 +33,6 @@ from types import ModuleType
 
 import numpy as np
 
-from zero_ref.comm.rank_order import sum_in_rank_order
 from zero_ref.config import AdamWConfig, ZeroConfig
 from zero_ref.dtypes import dtype_of, rounded
 from zero_ref.models.unit import Model, loss_and_grads
@@ -41,6 +40,7 @@ from zero_ref.optim.adamw import AdamWScalars, adamw_reference, adamw_scalars, w
 from zero_ref.optim.gradnorm import clip_coefficient, sumsq_exact_reference
 from zero_ref.optim.loss_scale import LossScaleConfig, initial_state, next_state
 from zero_ref.optim.nonfinite import NonFiniteGradientError
+from zero_ref.rank_order import sum_in_rank_order
 
 NamedArrays = Mapping[str, np.ndarray]
 

@@ -9,7 +9,7 @@ is correct but slow where it matters: a result that is subnormal or Inf costs it
 ~150 ns an element (it raises the FPU's underflow/overflow flags one element at a
 time), and small gradients are exactly that. The kernels here cost ~1 ns.
 
-The rule, in every twin (this module, zero_ref/gpu/kernels.py's CUDA kernels):
+The rule, in every twin (this module, zero_ref/rounding_cuda.py's CUDA kernels):
 
   finite and Inf   round to nearest, ties to even (IEEE's default; a float16 value
                    at or above 65520 in magnitude becomes Inf, the loss scaler's signal)
@@ -44,7 +44,7 @@ FP16_HALF_MIN_SUBNORMAL = 0x33000000  # 2^-25: at or below, +-0 (the tie goes to
 REBIAS = 0x38000000  # (127 - 15) << 23: float32's exponent bias to fp16's
 
 
-# ---- the scalar steps (compiled twice: CPU below, CUDA in zero_ref/gpu/kernels.py)
+# ---- the scalar steps (compiled twice: CPU below, CUDA in zero_ref/rounding_cuda.py)
 def fp16_bits_py(b: int) -> int:
     """fp16 bits of the float32 with bits b (round to nearest, ties to even). Every
     case is computed and one selected, without branches: where normals and subnormals

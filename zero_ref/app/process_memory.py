@@ -6,7 +6,8 @@ the two side by side and call the difference "untracked" (activations, MPI's
 own buffers, Python objects). VmHWM is the peak resident set since the process
 started, or since the last reset: writing "5" to /proc/self/clear_refs resets
 it (Linux 4.0+), which lets a run measure the peak of each phase -- init,
-training, finish -- on its own.
+training, finish -- on its own. Also what the host has left for a run
+(MemAvailable), which the estimate checks a run against before it starts.
 """
 
 from __future__ import annotations
@@ -54,3 +55,24 @@ class PhasePeaks:
         self.peaks[phase] = max(0, peak - self.baseline)
         if self.resettable:
             reset_peak()
+
+
+def mem_available_bytes(
+    meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup"
+) -> int | None:
+    """What this host has left for a run: MemAvailable, or less where a cgroup (v2)
+    limit leaves less room; None where neither says."""
+    try:
+        lines = Path(meminfo).read_text().splitlines()
+    except OSError:
+        lines = []
+    kib = [int(line.split()[1]) for line in lines if line.startswith("MemAvailable:")]
+    known = [kib[0] * 1024] if kib else []
+    try:
+        limit = (Path(cgroup) / "memory.max").read_text().strip()
+        used = int((Path(cgroup) / "memory.current").read_text())
+        if limit != "max":
+            known.append(max(0, int(limit) - used))
+    except (OSError, ValueError):
+        pass
+    return min(known, default=None)

@@ -5,18 +5,14 @@ from __future__ import annotations
 from zero_ref.app.process_memory import PhasePeaks
 from zero_ref.comm.ledger import COPY_KINDS, CommLedger, expected_sent_bytes, paper_sent_bytes
 from zero_ref.dtypes import ElementBytes
-from zero_ref.engine.memory import CATEGORIES, FP32, formula_bytes, paper_formula_bytes
+from zero_ref.memory_formulas import CATEGORIES, FP32, formula_bytes, paper_formula_bytes
 
 
 def rank_report(engine, phases: PhasePeaks | None = None) -> dict:
     """This rank's ledgers and real resident peaks, as plain data (gathered to rank 0)."""
     return {
         "rank": engine.rank,
-        "memory_bytes": engine.memory.bytes_by_category(),
-        "disk_bytes": engine.memory.disk_bytes_by_category(),
-        "device_bytes": engine.memory.device_bytes_by_category(),
-        "peak_bytes": engine.memory.peak_bytes,
-        "peak_by_category": dict(engine.memory.peak_by_category),
+        **engine.memory_report(),  # memory, disk and device bytes; the peaks
         "rss_baseline_bytes": phases.baseline if phases else None,
         "rss_peak_bytes": dict(phases.peaks) if phases else {},
         "comm_last_step": engine.comm.ledger.last_step(),

@@ -64,11 +64,12 @@ def corpus_crc32(tokens: np.ndarray) -> int:
     return zlib.crc32(np.ascontiguousarray(tokens).data)
 
 
-def open_checkpoint(parsed: Parsed, model: Model) -> Checkpoint:
+def open_checkpoint(parsed: Parsed, model: Model, trace=None) -> Checkpoint:
     """The checkpoint --resume names, checked against the model these flags build and
     against the run's length (on every rank alike, before any state exists: a problem
-    is one message from rank 0, exit 2)."""
-    checkpoint = Checkpoint(parsed.run.resume)
+    is one message from rank 0, exit 2); its later checks and reads are timed on
+    `trace` (--trace)."""
+    checkpoint = Checkpoint(parsed.run.resume, trace)
     training = checkpoint.manifest["training"]
     for path in TRAINING_KEYS:
         entry = training

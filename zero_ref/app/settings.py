@@ -99,10 +99,11 @@ PRECISION = (
             feeds=L + "min_loss_scale"),
 )
 OFFLOAD = (
-    Setting("offload_optimizer", "offload", "nvme: the optimizer's fp32 state (master, m, v) "
-            "in swap files under --nvme-path, streamed through a buffer pool each step "
-            "(stages 1-3); cpu (with --device gpu, fp16/bf16): ZeRO-Offload, the state and "
-            "its update on the CPU", choices=OPTIMIZER_OFFLOAD,
+    Setting("offload_optimizer", "offload", "nvme: the optimizer's fp32 state (master, m, v), "
+            "and at stages 2-3 the reduced gradient shard, in swap files under "
+            "--nvme-path, streamed through a buffer pool each step (stages 1-3; stage 1's "
+            "gradients stay in RAM); cpu (with --device gpu, fp16/bf16): ZeRO-Offload, "
+            "the state and its update on the CPU", choices=OPTIMIZER_OFFLOAD,
             ds=(ZO + "offload_optimizer.device",), ds_parse=dv.offload_device,
             feeds=Z + "offload_optimizer"),
     Setting("offload_param", "offload", "nvme: stage 3's parameter shard in a swap file, each "

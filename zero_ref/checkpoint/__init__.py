@@ -16,5 +16,6 @@ no full copy; the gradients (P_g) are not state between steps and are not saved.
               folder's free space before the first step and before each save
   reader      open, verify (sizes, CRC-32) and read byte ranges of a checkpoint;
               a reader is an InitSource, so loading is the engine's sharded init
-  consolidate one safetensors file of the model's tensors, streamed
+  to_safetensors  one safetensors file of the model's tensors, streamed (what the
+              command `python -m zero_ref.consolidate` runs)
 """

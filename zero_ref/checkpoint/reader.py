@@ -40,7 +40,8 @@ F32_BYTES = 4
 class Checkpoint:
     """One tag folder: its manifest, the layout it was saved with, its rank files."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], trace=None) -> None:
+        """trace: a zero_ref.io.trace.Trace (--trace) to time each check and read on."""
         self.folder = resolve_tag(path)
         self.manifest = read_manifest(self.folder)
         self.layout = layout_from_record(self.manifest["layout"], str(self.folder / MANIFEST))
@@ -49,7 +50,7 @@ class Checkpoint:
         self.units = {u.name: u for u in self.layout.units}
         self.files = self._file_entries()
         self._open: dict[int, tuple[int, dict[str, int]]] = {}  # rank -> (fd, data starts)
-        self.trace = None  # a zero_ref.io.trace.Trace (--trace): each check and read, timed
+        self.trace = trace
 
     def _file_entries(self) -> list[dict]:
         """The manifest's files: one per saving rank, each {rank, file, bytes, crc32}."""

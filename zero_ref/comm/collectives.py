@@ -9,9 +9,9 @@ Sums across ranks come from a *reduction policy* (zero_ref/comm/reduction.py):
   OrderedReduction  an Alltoall of the blocks, then a local sum in rank order:
                     the same bytes on the wire as a ring reduce-scatter, and
                     the result bitwise equal to the oracle's rank-order sum.
-ZeroConfig.deterministic is the one switch: `comm_for(mpi_comm, cfg)` is the one
-place that turns it into a policy, and an engine refuses a Comm whose policy
-disagrees with its config (the clipping norm follows the same switch).
+ZeroConfig.deterministic is the one switch: `comm_for(mpi_comm, cfg)` (zero_ref/comm/
+choose.py) is the one place that turns it into a policy, and an engine refuses a Comm
+whose policy disagrees with its config (the clipping norm follows the same switch).
 
 16-bit buffers (mixed precision, zero_ref/engine/precision.py) travel as 16-bit
 words: MPI has no bfloat16 type, and MPICH's float16 MPI_SUM rounds every partial
@@ -38,7 +38,6 @@ from mpi4py import MPI
 from zero_ref.comm import schedule
 from zero_ref.comm.ledger import CommLedger
 from zero_ref.comm.reduction import MPIReduction, OrderedReduction, sum_16bit_words, words_of
-from zero_ref.config import ZeroConfig
 from zero_ref.dtypes import HOST, HostArrays
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")  # what collectives accept
@@ -56,7 +55,7 @@ class Comm:
     ) -> None:
         """arrays: what the buffers are (their temporaries, roundings and the wait before
         MPI touches them): HostArrays, or DeviceArrays for device buffers handed to a
-        CUDA-aware MPI (zero_ref/comm/staging.py's device_comm)."""
+        CUDA-aware MPI (zero_ref/comm/choose.py's device_comm)."""
         self.mpi = mpi_comm
         self.arrays = arrays
         self.path = "MPI: host buffers"  # how buffers reach MPI, for the run's first line
@@ -67,6 +66,12 @@ class Comm:
         self.check_schedule = check_schedule
         self.step: int | None = None  # labels for the collectives that follow
         self.where = ""
+
+    @property
+    def host_comm(self) -> Comm:
+        """The Comm whose buffers are in RAM: this one (a StagedComm, which forwards what
+        it does not define, answers with the host Comm it stages through)."""
+        return self
 
     def track_memory(self, memory) -> None:
         """Register buffers this Comm keeps between calls with an engine's memory ledger:
@@ -232,18 +237,6 @@ def ranks_sharing_this_host(mpi_comm: MPI.Comm) -> int:
         return shared.Get_size()
     finally:
         shared.Free()
-
-
-def comm_for(mpi_comm: MPI.Comm, cfg: ZeroConfig) -> Comm:
-    """The Comm an engine with config `cfg` needs: its reduction policy and schedule
-    checking both follow the config (the only place that maps one to the other)."""
-    reduction = OrderedReduction() if cfg.deterministic else MPIReduction()
-    comm = Comm(mpi_comm, reduction, check_schedule=cfg.check_schedule)
-    if cfg.device == "gpu":  # collectives on device arrays (docs/gpu.md)
-        from zero_ref.comm.staging import device_comm  # it imports this module
-
-        return device_comm(comm, cfg.cuda_aware_mpi)
-    return comm
 
 
 def _check_blocks(

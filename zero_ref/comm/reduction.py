@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from zero_ref.comm.rank_order import sum_in_rank_order
 from zero_ref.dtypes import HOST, HostArrays
+from zero_ref.rank_order import sum_in_rank_order
 
 
 class MPIReduction:

@@ -96,47 +96,47 @@ class StagedComm:
     SEND, RECV = HostStaging.SEND, HostStaging.RECV
 
     def __init__(self, comm: Comm, host_empty: HostEmpty | None = None, path: str = "") -> None:
-        self.host, self.staging = comm, HostStaging(comm, host_empty)
+        self.host_comm, self.staging = comm, HostStaging(comm, host_empty)
         self.path = path  # how device buffers reach MPI, for the run's first line
 
     def __getattr__(self, name: str):
-        return getattr(self.host, name)  # rank, size, ledger, reduction, allreduce_int64 ...
+        return getattr(self.host_comm, name)  # rank, size, ledger, reduction, allreduce_int64 ...
 
     def track_memory(self, memory) -> None:
         """The host staging buffers go into an engine's memory ledger (as RAM)."""
         self.staging.track_memory(memory)
 
     def __setattr__(self, name: str, value) -> None:
-        if name in ("host", "staging", "path"):
+        if name in ("host_comm", "staging", "path"):
             object.__setattr__(self, name, value)
         else:
-            setattr(self.host, name, value)  # check_schedule, context labels: the host's
+            setattr(self.host_comm, name, value)  # check_schedule, context labels: the host's
 
     def allreduce_sum(self, buf) -> None:
         """buf <- the sum over ranks, in place."""
         host = self.staging.to_host(buf, self.SEND)
-        self.host.allreduce_sum(host)
+        self.host_comm.allreduce_sum(host)
         self.staging.to_device(host, buf)
 
     def allreduce_sum_into(self, send, recv) -> None:
         """recv <- sum over ranks of send (16-bit send, float32 recv)."""
         host_send = self.staging.to_host(send, self.SEND)
         host_recv = self.staging.buffer(self.RECV, recv.shape[0], host_dtype(recv))
-        self.host.allreduce_sum_into(host_send, host_recv)
+        self.host_comm.allreduce_sum_into(host_send, host_recv)
         self.staging.to_device(host_recv, recv)
 
     def reduce_scatter_sum(self, send, recv) -> None:
         """recv (n,) <- sum over ranks of their send[rank*n : (rank+1)*n]."""
         host_send = self.staging.to_host(send, self.SEND)
         host_recv = self.staging.buffer(self.RECV, recv.shape[0], host_dtype(recv))
-        self.host.reduce_scatter_sum(host_send, host_recv)
+        self.host_comm.reduce_scatter_sum(host_send, host_recv)
         self.staging.to_device(host_recv, recv)
 
     def allgather(self, send, recv, kind: str = "allgather") -> None:
         """recv (W*n,) <- every rank's send (n,), in rank order."""
         host_send = self.staging.to_host(send, self.SEND)
         host_recv = self.staging.buffer(self.RECV, recv.shape[0], host_dtype(recv))
-        self.host.allgather(host_send, host_recv, kind)
+        self.host_comm.allgather(host_send, host_recv, kind)
         self.staging.to_device(host_recv, recv)
 
     def allgather_in_place(self, buf) -> None:
@@ -145,7 +145,7 @@ class StagedComm:
         n, r = buf.shape[0] // self.size, self.rank
         host = self.staging.buffer(self.SEND, buf.shape[0], host_dtype(buf))
         self.staging.copy_down(buf[r * n : (r + 1) * n], host[r * n : (r + 1) * n])
-        self.host.allgather_in_place(host)
+        self.host_comm.allgather_in_place(host)
         self.staging.to_device(host[: r * n], buf[: r * n])
         self.staging.to_device(host[(r + 1) * n :], buf[(r + 1) * n :])
 
@@ -155,26 +155,6 @@ class StagedComm:
         host_recv = None
         if recv is not None:
             host_recv = self.staging.buffer(self.RECV, recv.shape[0], host_dtype(recv))
-        self.host.gather_to_root(host_send, host_recv, kind)
+        self.host_comm.gather_to_root(host_send, host_recv, kind)
         if recv is not None:
             self.staging.to_device(host_recv, recv)
-
-
-def device_comm(comm: Comm, cuda_aware_mpi: str) -> Comm | StagedComm:
-    """The Comm a --device gpu engine uses: the library asked whether it is CUDA-aware
-    and --cuda-aware-mpi resolved against its answer (zero_ref/gpu/mpi_support.py).
-    CUDA-aware: a Comm that hands MPI the device arrays themselves, its temporaries and
-    16-bit sums on the device, each call after a device synchronize (DeviceArrays).
-    Not: a StagedComm, through reused pinned host buffers."""
-    from numba import cuda
-
-    from zero_ref.gpu.arrays import DeviceArrays
-    from zero_ref.gpu.mpi_support import choose_path, library_says_cuda_aware
-
-    path = choose_path(cuda_aware_mpi, library_says_cuda_aware())
-    if not path.cuda_aware:
-        return StagedComm(comm, cuda.pinned_array, path.describe())
-    direct = Comm(comm.mpi, comm.reduction, comm.check_schedule)
-    direct.arrays = DeviceArrays(lambda: f"rank {direct.rank}, step {direct.step}")
-    direct.path = path.describe()
-    return direct

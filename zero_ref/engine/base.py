@@ -40,7 +40,7 @@ def _check_comm_matches(comm: Comm, cfg: ZeroConfig) -> None:
         raise ValueError(
             f"ZeroConfig.deterministic={cfg.deterministic} but the Comm reduces with "
             f"{type(comm.reduction).__name__}: build the Comm with "
-            "zero_ref.comm.collectives.comm_for(mpi_comm, cfg)"
+            "zero_ref.comm.choose.comm_for(mpi_comm, cfg)"
         )
     if cfg.check_schedule:
         comm.check_schedule = True
@@ -160,3 +160,31 @@ class EngineBase(SharedStep, StateIO):
         """The gradient scratch for `unit`, its padding zero (backward writes the rest)."""
         self.unit_grad_scratch[unit.numel : unit.padded_numel] = 0
         return self.unit_grad_scratch[: unit.padded_numel]
+
+    # ---- what the driver reads and sets (zero_ref/train.py, zero_ref/app/report.py)
+    @property
+    def device_description(self) -> str | None:
+        """The device that holds the model's arrays (--device gpu), or None: RAM."""
+        return getattr(self.place, "description", None)
+
+    def memory_report(self) -> dict:
+        """The memory ledger as plain data: bytes by category in RAM, on disk, on the
+        device, and the peaks (zero_ref/engine/memory.py's MemoryLedger.report)."""
+        return self.memory.report()
+
+    def buffer_bytes(self) -> dict[str, int]:
+        """Each buffer this rank holds in RAM now, by its ledger name."""
+        return self.memory.bytes_by_name("buffers")
+
+    def stale_swap_folders(self) -> list[str]:
+        """Swap folders a killed run left under --nvme-path, which this engine removed."""
+        return [str(p) for p in self.nvme.stale] if self.nvme is not None else []
+
+    def attach_trace(self, trace) -> None:
+        """Record on `trace` (a zero_ref.io.trace.Trace, --trace) from now on: the units
+        and the update (and the saves, zero_ref/checkpoint/writer.py), the Comm ledger's
+        collectives and copies, the offloaded update's swap reads, AdamW sub-groups and
+        writes."""
+        self.trace = self.comm.ledger.trace = trace
+        if self.offloaded is not None:
+            self.offloaded.trace = trace

@@ -18,10 +18,8 @@ import numpy as np
 
 from zero_ref.dtypes import round_into
 from zero_ref.optim.adamw import adamw_kernel
-from zero_ref.optim.gradnorm import global_grad_norm, unscale_and_clip, unscaled
+from zero_ref.optim.gradnorm import OPTIMIZER_CHUNK, global_grad_norm, unscale_and_clip, unscaled
 from zero_ref.optim.nonfinite import first_nonfinite
-
-OPTIMIZER_CHUNK = 1 << 18  # elements the optimizer widens and updates at a time
 
 
 def unscaled_chunks(grad: np.ndarray, divisor: np.float32) -> Iterator[np.ndarray]:
@@ -70,7 +68,7 @@ def compute_for(device: str, offload_optimizer: str, host_place, device_place, c
     if device == "gpu" and offload_optimizer == "cpu":
         from zero_ref.gpu.cpu_offload import CpuOffloadCompute
 
-        return CpuOffloadCompute(host_place, comm_ledger)
+        return CpuOffloadCompute(HostCompute(), host_place, comm_ledger)
     if device == "gpu":
         from zero_ref.gpu.compute import DeviceCompute  # numba.cuda only when asked
 

@@ -24,12 +24,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from zero_ref.engine.compute import OPTIMIZER_CHUNK
 from zero_ref.engine.memory import offload_pool_numel, offload_pool_row_numel, swap_file_bytes
 from zero_ref.layout.flat import FlatLayout, Owned
 from zero_ref.offload.nvme import NvmeStore
 from zero_ref.offload.pipeline import OffloadedUpdate
 from zero_ref.offload.swap_file import ALIGN
+from zero_ref.optim.gradnorm import OPTIMIZER_CHUNK
 
 ChunkUpdate = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]
 

@@ -2,7 +2,7 @@
 kernels (zero_ref/dtypes.py has the host's).
 
 CuPy has no bfloat16, so on a GPU a bf16 array is its 16 bits as uint16
-(device.stored_dtype_name), which only the kernels of zero_ref/gpu/kernels.py
+(device.stored_dtype_name), which only the kernels of zero_ref/rounding_cuda.py
 read as numbers: rounding float32 into 16 bits and widening back, each bitwise
 the host's. The engine's placement (zero_ref/gpu/placement.py) makes its
 conversions here, and so does a Comm that hands device arrays to a CUDA-aware
@@ -16,12 +16,13 @@ from collections.abc import Callable
 
 import numpy as np
 
+from zero_ref import rounding_cuda
 from zero_ref.array_module import array_module
-from zero_ref.comm.rank_order import sum_in_rank_order
 from zero_ref.dtypes import HOST
-from zero_ref.gpu import device, kernels
+from zero_ref.gpu import device
 from zero_ref.gpu.copies import copy_in, copy_out, host_dtype, in_host_memory
 from zero_ref.gpu.device import Where, device_array, stored_dtype_name
+from zero_ref.rank_order import sum_in_rank_order
 
 
 class DeviceArrays:
@@ -62,7 +63,7 @@ class DeviceArrays:
         elif src.dtype != np.float32:  # one 16-bit type into the other: through float32
             self.round_into(dst, self.widen_into(self.temporary(src.shape[0], np.float32), src))
         else:
-            kernels.round_into(dst, src, stored_dtype_name(dst))
+            rounding_cuda.round_into(dst, src, stored_dtype_name(dst))
         return dst
 
     def widen_into(self, dst, src):
@@ -70,7 +71,7 @@ class DeviceArrays:
         if in_host_memory(dst) or src.dtype == np.float32:
             dst[...] = src
         else:
-            kernels.widen(dst, src, stored_dtype_name(src))
+            rounding_cuda.widen(dst, src, stored_dtype_name(src))
         return dst
 
     def accumulate_rounded(self, dst, src) -> None:

@@ -16,16 +16,24 @@ run on the same values; only where they run changes.
 
 from __future__ import annotations
 
-from zero_ref.comm.ledger import CommLedger
-from zero_ref.engine.compute import HostCompute
+from typing import TYPE_CHECKING
+
 from zero_ref.gpu.copies import copy_in, copy_out, host_dtype
 
+if TYPE_CHECKING:
+    from zero_ref.comm.ledger import CommLedger
+    from zero_ref.engine.compute import HostCompute
 
-class CpuOffloadCompute(HostCompute):
-    """HostCompute on host copies of the device's gradients and parameters."""
 
-    def __init__(self, place, comm_ledger: CommLedger) -> None:
-        self.place, self.comm_ledger = place, comm_ledger  # place: a HostPlacement for copies
+class CpuOffloadCompute:
+    """HostCompute on host copies of the device's gradients and parameters. It is
+    handed the HostCompute it runs (engine/compute.py's compute_for makes it), so this
+    module, below the engine, imports nothing from it."""
+
+    def __init__(self, host: HostCompute, place, comm_ledger: CommLedger) -> None:
+        self.host_compute = host  # the CPU path's update phase, run on the host copies
+        self.place = place  # a HostPlacement for the copies
+        self.comm_ledger = comm_ledger  # the copies are counted there, apart from MPI's
         self.host: dict[int, tuple] = {}  # slice index -> (host param, host grad), reused
         self.pending: list[tuple] = []  # (device param, host param) to move up after update
 
@@ -38,6 +46,18 @@ class CpuOffloadCompute(HostCompute):
             on_host.append((host_param, host_grad, master, exp_avg, exp_avg_sq))
             self.pending.append((param, host_param))
         return on_host
+
+    def grad_norm(self, grads, divisor, comm, exact: bool) -> float:
+        """HostCompute's, on the host copies of the gradients."""
+        return self.host_compute.grad_norm(grads, divisor, comm, exact)
+
+    def first_nonfinite(self, grads) -> int | None:
+        """HostCompute's, on the host copies of the gradients."""
+        return self.host_compute.first_nonfinite(grads)
+
+    def update(self, param, grad, master, exp_avg, exp_avg_sq, divisor, coef, s) -> None:
+        """HostCompute's: into the host copy of the 16-bit parameters."""
+        self.host_compute.update(param, grad, master, exp_avg, exp_avg_sq, divisor, coef, s)
 
     def finish_update(self) -> None:
         """The updated 16-bit parameters back up to the device."""

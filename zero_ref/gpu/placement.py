@@ -12,20 +12,24 @@ bitwise the host's, on bf16 held as its 16 bits.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from zero_ref.engine.memory import MemoryLedger
 from zero_ref.gpu.arrays import DeviceArrays
 from zero_ref.gpu.device import Where, check_usable
+
+if TYPE_CHECKING:
+    from zero_ref.engine.memory import MemoryLedger
 
 
 class DevicePlacement(DeviceArrays):
     """Arrays in device memory, each registered with the ledger under its category."""
 
-    def __init__(self, ledger: MemoryLedger, where: Where) -> None:
+    def __init__(self, memory: MemoryLedger, where: Where) -> None:
         self.description = check_usable()  # DeviceSetupError before anything is allocated
         super().__init__(where)
-        self.memory = ledger
+        self.memory = memory  # the engine's memory ledger (this module is below the engine)
 
     def empty(self, category: str, name: str, numel: int, dtype: np.dtype = np.float32):
         """A new 1-D device array whose contents the caller fills before reading."""

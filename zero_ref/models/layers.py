@@ -6,7 +6,8 @@ N = B * T rows. Where the fast version is not the textbook formula (a
 rearranged formula, or a Numba kernel), the textbook NumPy version sits beside
 it as a `*_reference` twin with the same signature, and the tests compare them
 element by element. Given device arrays (the GPU path, zero_ref/array_module.py)
-a function runs its twin in the arrays' module instead of the Numba kernel.
+a function runs its twin in the arrays' module instead of the Numba kernel: each
+such function says so once, `@numba_on_host(twin)`, and its twin sits above it.
 
 The Numba kernels here run on one thread and loop over rows in order, so
 their sums do not depend on the thread count. Two settings let LLVM vectorize
@@ -25,7 +26,7 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-from zero_ref.array_module import array_module, on_host
+from zero_ref.array_module import array_module, numba_on_host
 
 LN_EPS = 1e-5
 _GELU_C = math.sqrt(2.0 / math.pi)  # GPT-2's tanh approximation of x * Phi(x)
@@ -56,12 +57,16 @@ def linear_backward(
     return (dy2 @ w.T).reshape(x.shape)
 
 
+def _matmul_assigned(a, b, out) -> None:
+    """out[...] = a @ b through a temporary: a device module's matmul may not write into
+    a strided view."""
+    out[...] = a @ b
+
+
+@numba_on_host(_matmul_assigned, arg=2)
 def matmul_into(a, b, out) -> None:
     """out[...] = a @ b, written straight into `out` (a view) when NumPy can."""
-    if on_host(array_module(out)):
-        np.matmul(a, b, out=out)
-    else:  # a device module's matmul may not write into a strided view
-        out[...] = a @ b
+    np.matmul(a, b, out=out)
 
 
 def sum_rows_into(a, out) -> None:
@@ -75,6 +80,17 @@ def embedding_forward(ids: np.ndarray, table: np.ndarray) -> np.ndarray:
     return table[array_module(table).asarray(ids)]
 
 
+def _embedding_backward_on_device(ids, dout, dtable) -> None:
+    """On a device: the CPU kernel's additions in order (zero_ref/models/layers_cuda.py),
+    not the twin's add.at, whose atomics add in any order."""
+    from zero_ref.models.layers_cuda import embedding_backward as on_device  # numba.cuda
+
+    xp = array_module(dtable)
+    rows = xp.ascontiguousarray(dout).reshape(-1, dout.shape[-1])
+    on_device(xp.asarray(ids).reshape(-1), rows, dtable)
+
+
+@numba_on_host(_embedding_backward_on_device, arg=2)
 def embedding_backward(ids: np.ndarray, dout: np.ndarray, dtable: np.ndarray) -> None:
     """Scatter-add dout rows into dtable (overwritten first): repeated ids accumulate.
 
@@ -83,12 +99,6 @@ def embedding_backward(ids: np.ndarray, dout: np.ndarray, dtable: np.ndarray) ->
     The kernel does no bounds checks: the forward lookup has already indexed
     the table with these ids.
     """
-    xp = array_module(dtable)
-    if not on_host(xp):  # on a device: the twin's additions in order, not add.at's atomics
-        from zero_ref.gpu.model_kernels import embedding_backward as on_device
-
-        rows = xp.ascontiguousarray(dout).reshape(-1, dout.shape[-1])
-        return on_device(xp.asarray(ids).reshape(-1), rows, dtable)
     rows = np.ascontiguousarray(dout).reshape(-1, dout.shape[-1])  # (N, C)
     _embedding_backward_kernel(ids.reshape(-1), rows, dtable)
     return None
@@ -117,6 +127,20 @@ def tanh_backward(y: np.ndarray, dy: np.ndarray) -> np.ndarray:
     return dy * (1 - y * y)
 
 
+def gelu_forward_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The twin of gelu_forward: GPT-2's formula, with the gate s = 0.5 (1 + tanh(u))."""
+    t = array_module(x).tanh(_GELU_C * (x + _GELU_K * x**3))
+    return 0.5 * x * (1 + t), 0.5 * (1 + t)
+
+
+def gelu_backward_reference(x: np.ndarray, s: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    """The twin of gelu_backward: differentiate the tanh form, with tanh(u) = 2s - 1."""
+    t = 2 * s - 1
+    d_inner = tanh_backward(t, 0.5 * x * dy)  # through the tanh, into its argument
+    return dy * 0.5 * (1 + t) + d_inner * _GELU_C * (1 + 3 * _GELU_K * x * x)
+
+
+@numba_on_host(gelu_forward_reference)
 def gelu_forward(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """GELU, tanh approximation: y = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
 
@@ -125,8 +149,6 @@ def gelu_forward(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     Returns (y, s); backward needs s. Two Numba passes around one NumPy exp:
     NumPy's exp is vectorized, twice as fast as a Numba loop's call to libm.
     """
-    if not on_host(array_module(x)):
-        return gelu_forward_reference(x)
     x1 = np.ascontiguousarray(x).reshape(-1)
     s, y = np.empty_like(x1), np.empty_like(x1)
     _gelu_exponent_kernel(x1, s)  # s = -2u
@@ -151,14 +173,13 @@ def _gelu_gate_kernel(x, s, y):  # pragma: no cover
         y[i] = x[i] * s[i]
 
 
+@numba_on_host(gelu_backward_reference)
 def gelu_backward(x: np.ndarray, s: np.ndarray, dy: np.ndarray) -> np.ndarray:
     """dL/dx from the GELU input x and its gate s (from gelu_forward).
 
     d(x s)/dx = s + x ds/dx, with ds/dx = 2 s (1 - s) du/dx (the sigmoid's
     derivative) and du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
     """
-    if not on_host(array_module(x)):
-        return gelu_backward_reference(x, s, dy)
     dx = np.empty(x.size, dy.dtype)
     _gelu_backward_kernel(
         np.ascontiguousarray(x).reshape(-1),
@@ -178,96 +199,12 @@ def _gelu_backward_kernel(x, s, dy, dx):  # pragma: no cover
         dx[i] = dy[i] * (s[i] + x[i] * ds_dx)
 
 
-def gelu_forward_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The twin of gelu_forward: GPT-2's formula, with the gate s = 0.5 (1 + tanh(u))."""
-    t = array_module(x).tanh(_GELU_C * (x + _GELU_K * x**3))
-    return 0.5 * x * (1 + t), 0.5 * (1 + t)
-
-
-def gelu_backward_reference(x: np.ndarray, s: np.ndarray, dy: np.ndarray) -> np.ndarray:
-    """The twin of gelu_backward: differentiate the tanh form, with tanh(u) = 2s - 1."""
-    t = 2 * s - 1
-    d_inner = tanh_backward(t, 0.5 * x * dy)  # through the tanh, into its argument
-    return dy * 0.5 * (1 + t) + d_inner * _GELU_C * (1 + 3 * _GELU_K * x * x)
-
-
 # --- layer norm -------------------------------------------------------------
 
 
 class LayerNormCache(NamedTuple):
     xhat: np.ndarray  # (N, C) normalized input, before gain and bias
     rstd: np.ndarray  # (N,) 1 / sqrt(var + eps)
-
-
-def layernorm_forward(
-    x: np.ndarray, gain: np.ndarray, bias: np.ndarray, eps: float = LN_EPS
-) -> tuple[np.ndarray, LayerNormCache]:
-    """y = (x - mean) / sqrt(var + eps) * gain + bias, over the last axis of x.
-
-    A Numba kernel, one pass per row. The NumPy twin makes eight passes, and its
-    reductions along a short last axis (C = 64) pay more per row in overhead
-    than in arithmetic.
-    """
-    if not on_host(array_module(x)):
-        return layernorm_forward_reference(x, gain, bias, eps)
-    x2 = np.ascontiguousarray(x).reshape(-1, x.shape[-1])  # (N, C)
-    y, xhat = np.empty_like(x2), np.empty_like(x2)
-    rstd = np.empty(x2.shape[0], x2.dtype)
-    _layernorm_forward_kernel(x2, gain, bias, x2.dtype.type(eps), y, xhat, rstd)
-    return y.reshape(x.shape), LayerNormCache(xhat, rstd)
-
-
-@numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})
-def _layernorm_forward_kernel(x, gain, bias, eps, y, xhat, rstd):  # pragma: no cover
-    N, C = x.shape
-    inv_c = x.dtype.type(1.0) / C
-    for i in range(N):
-        mean = x[i].sum() * inv_c
-        var = x.dtype.type(0.0)  # biased, as GPT-2
-        for c in range(C):
-            xhat[i, c] = x[i, c] - mean
-            var += xhat[i, c] * xhat[i, c]
-        rstd[i] = x.dtype.type(1.0) / np.sqrt(var * inv_c + eps)
-        for c in range(C):
-            xhat[i, c] *= rstd[i]
-            y[i, c] = xhat[i, c] * gain[c] + bias[c]
-
-
-def layernorm_backward(
-    cache: LayerNormCache,
-    gain: np.ndarray,
-    dy: np.ndarray,
-    dgain: np.ndarray,
-    dbias: np.ndarray,
-) -> np.ndarray:
-    """Write dL/dgain and dL/dbias into the given views; return dL/dx."""
-    if not on_host(array_module(dy)):
-        return layernorm_backward_reference(cache, gain, dy, dgain, dbias)
-    dy2 = np.ascontiguousarray(dy).reshape(cache.xhat.shape)  # (N, C)
-    dx = np.empty_like(dy2)
-    _layernorm_backward_kernel(cache.xhat, cache.rstd, gain, dy2, dx, dgain, dbias)
-    return dx.reshape(dy.shape)
-
-
-@numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})
-def _layernorm_backward_kernel(xhat, rstd, gain, dy, dx, dgain, dbias):  # pragma: no cover
-    N, C = dy.shape
-    inv_c = dy.dtype.type(1.0) / C
-    dgain[:] = 0
-    dbias[:] = 0
-    for i in range(N):  # rows in order: gain and bias sum the same way at any thread count
-        mean_dxhat = dy.dtype.type(0.0)
-        mean_dxhat_xhat = dy.dtype.type(0.0)
-        for c in range(C):
-            dxhat = dy[i, c] * gain[c]
-            mean_dxhat += dxhat
-            mean_dxhat_xhat += dxhat * xhat[i, c]
-            dgain[c] += dy[i, c] * xhat[i, c]
-            dbias[c] += dy[i, c]
-        mean_dxhat *= inv_c
-        mean_dxhat_xhat *= inv_c
-        for c in range(C):
-            dx[i, c] = (dy[i, c] * gain[c] - mean_dxhat - xhat[i, c] * mean_dxhat_xhat) * rstd[i]
 
 
 def layernorm_forward_reference(
@@ -300,6 +237,75 @@ def layernorm_backward_reference(
     mean_dxhat = dxhat.mean(axis=-1, keepdims=True)
     mean_dxhat_xhat = (dxhat * xhat).mean(axis=-1, keepdims=True)
     return ((dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * rstd[:, None]).reshape(dy.shape)
+
+
+@numba_on_host(layernorm_forward_reference)
+def layernorm_forward(
+    x: np.ndarray, gain: np.ndarray, bias: np.ndarray, eps: float = LN_EPS
+) -> tuple[np.ndarray, LayerNormCache]:
+    """y = (x - mean) / sqrt(var + eps) * gain + bias, over the last axis of x.
+
+    A Numba kernel, one pass per row. The NumPy twin makes eight passes, and its
+    reductions along a short last axis (C = 64) pay more per row in overhead
+    than in arithmetic.
+    """
+    x2 = np.ascontiguousarray(x).reshape(-1, x.shape[-1])  # (N, C)
+    y, xhat = np.empty_like(x2), np.empty_like(x2)
+    rstd = np.empty(x2.shape[0], x2.dtype)
+    _layernorm_forward_kernel(x2, gain, bias, x2.dtype.type(eps), y, xhat, rstd)
+    return y.reshape(x.shape), LayerNormCache(xhat, rstd)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})
+def _layernorm_forward_kernel(x, gain, bias, eps, y, xhat, rstd):  # pragma: no cover
+    N, C = x.shape
+    inv_c = x.dtype.type(1.0) / C
+    for i in range(N):
+        mean = x[i].sum() * inv_c
+        var = x.dtype.type(0.0)  # biased, as GPT-2
+        for c in range(C):
+            xhat[i, c] = x[i, c] - mean
+            var += xhat[i, c] * xhat[i, c]
+        rstd[i] = x.dtype.type(1.0) / np.sqrt(var * inv_c + eps)
+        for c in range(C):
+            xhat[i, c] *= rstd[i]
+            y[i, c] = xhat[i, c] * gain[c] + bias[c]
+
+
+@numba_on_host(layernorm_backward_reference, arg=2)
+def layernorm_backward(
+    cache: LayerNormCache,
+    gain: np.ndarray,
+    dy: np.ndarray,
+    dgain: np.ndarray,
+    dbias: np.ndarray,
+) -> np.ndarray:
+    """Write dL/dgain and dL/dbias into the given views; return dL/dx."""
+    dy2 = np.ascontiguousarray(dy).reshape(cache.xhat.shape)  # (N, C)
+    dx = np.empty_like(dy2)
+    _layernorm_backward_kernel(cache.xhat, cache.rstd, gain, dy2, dx, dgain, dbias)
+    return dx.reshape(dy.shape)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})
+def _layernorm_backward_kernel(xhat, rstd, gain, dy, dx, dgain, dbias):  # pragma: no cover
+    N, C = dy.shape
+    inv_c = dy.dtype.type(1.0) / C
+    dgain[:] = 0
+    dbias[:] = 0
+    for i in range(N):  # rows in order: gain and bias sum the same way at any thread count
+        mean_dxhat = dy.dtype.type(0.0)
+        mean_dxhat_xhat = dy.dtype.type(0.0)
+        for c in range(C):
+            dxhat = dy[i, c] * gain[c]
+            mean_dxhat += dxhat
+            mean_dxhat_xhat += dxhat * xhat[i, c]
+            dgain[c] += dy[i, c] * xhat[i, c]
+            dbias[c] += dy[i, c]
+        mean_dxhat *= inv_c
+        mean_dxhat_xhat *= inv_c
+        for c in range(C):
+            dx[i, c] = (dy[i, c] * gain[c] - mean_dxhat - xhat[i, c] * mean_dxhat_xhat) * rstd[i]
 
 
 # --- loss -------------------------------------------------------------------

@@ -63,6 +63,10 @@ class SwapFile:
         try:
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             os.ftruncate(self.fd, self.nbytes)  # a sparse file: zeros, no blocks yet
+            # no readahead on this descriptor's reads: a read's asynchronous readahead can
+            # land after release() dropped the range and stay cached (stage 3's neighbours
+            # are asked for by prefetch, explicitly)
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
         except OSError as e:
             raise OffloadIOError(f"cannot create swap file {self.path}: {e}") from e
         self.direct_fd = _open_direct(self.path)  # None where the filesystem has no O_DIRECT

@@ -175,6 +175,12 @@ def sumsq_fast(x: np.ndarray) -> float:
     return float(_sumsq_fast_kernel(flat, SUMSQ_CHUNK))
 
 
+# Elements the update phase unscales, widens and updates at a time, on the host (zero_ref/
+# engine/compute.py) and on the device (zero_ref/gpu/compute.py's scratch pieces): the
+# float32 temporaries stay this small whatever a shard's size.
+OPTIMIZER_CHUNK = 1 << 18
+
+
 def unscaled(grad: np.ndarray, divisor: np.float32) -> np.ndarray:
     """grad / divisor in float32, a new array (one rounding). A 16-bit grad is widened
     first by zero_ref/rounding.py's kernels (exact): NumPy's own float16 cast inside the

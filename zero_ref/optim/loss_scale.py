@@ -26,60 +26,19 @@ returned before the update: DeepSpeed updates S first, so on a growth step its
 gradients are divided by twice the scale that multiplied them (DeepSpeed issue
 #2686).
 
-The state is a few plain numbers, so a checkpoint stores it as JSON fields.
+The state is a few plain numbers, so a checkpoint stores it as JSON fields. The
+configuration (LossScaleConfig) is zero_ref/config.py's, with the other frozen configs.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
+
+from zero_ref.config import LossScaleConfig
 
 
 class LossScaleError(RuntimeError):
     """Gradients overflow even at min_loss_scale: the run cannot continue."""
-
-
-@dataclass(frozen=True)
-class LossScaleConfig:
-    """DeepSpeed's fp16 keys, with their documented defaults. `loss_scale` > 0 is a
-    static scale (never changed; an overflowing step is still skipped); 0 is dynamic."""
-
-    loss_scale: float = 0.0
-    initial_scale_power: int = 16
-    loss_scale_window: int = 1000
-    hysteresis: int = 2
-    consecutive_hysteresis: bool = False
-    min_loss_scale: float = 1.0
-
-    def __post_init__(self) -> None:
-        checks = {
-            "loss_scale": (self.loss_scale, "a number >= 0 (0: dynamic)", _number(0.0)),
-            "initial_scale_power": (
-                self.initial_scale_power,
-                "an integer in [0, 127]",
-                _int(0, 127),
-            ),
-            "loss_scale_window": (self.loss_scale_window, "an integer >= 1", _int(1, None)),
-            "hysteresis": (self.hysteresis, "an integer >= 1", _int(1, None)),
-            "min_loss_scale": (self.min_loss_scale, "a number > 0", _number(0.0, strict=True)),
-        }
-        for name, (value, allowed, ok) in checks.items():
-            if not ok(value):
-                raise ValueError(f"LossScaleConfig.{name} = {value!r}: must be {allowed}")
-        if not isinstance(self.consecutive_hysteresis, bool):
-            raise ValueError(
-                f"LossScaleConfig.consecutive_hysteresis = {self.consecutive_hysteresis!r}: "
-                "must be true or false"
-            )
-        if not self.static and 2.0**self.initial_scale_power < self.min_loss_scale:
-            raise ValueError(
-                f"LossScaleConfig.initial_scale_power = {self.initial_scale_power}: 2^power "
-                f"must be >= min_loss_scale = {self.min_loss_scale}"
-            )
-
-    @property
-    def static(self) -> bool:
-        return self.loss_scale > 0
 
 
 @dataclass(frozen=True)
@@ -129,20 +88,3 @@ def _after_clean_step(cfg: LossScaleConfig, state: LossScaleState) -> LossScaleS
         scale *= 2
         left = cfg.hysteresis
     return LossScaleState(scale, left, clean, state.overflows)
-
-
-def _int(low: int, high: int | None):
-    def ok(v) -> bool:
-        in_range = high is None or v <= high
-        return isinstance(v, int) and not isinstance(v, bool) and v >= low and in_range
-
-    return ok
-
-
-def _number(low: float, strict: bool = False):
-    def ok(v) -> bool:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            return False
-        return v > low if strict else v >= low
-
-    return ok

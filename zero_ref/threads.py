@@ -1,5 +1,8 @@
 """Thread budget per rank: several MPI ranks on one host share its cores.
 
+A module at the package's root, importing nothing of the package, because the
+package __init__ runs its first half before anything loads NumPy.
+
 Each rank gets usable-CPUs / ranks-on-this-host threads for BLAS and Numba, so
 that four ranks on two cores do not each start two threads and fight. The
 usable CPUs are those this process may run on (`os.sched_getaffinity`: a

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from numba import cuda
 
-from zero_ref.gpu.kernels import THREADS, add, blocks
+from zero_ref.cuda_math import THREADS, add, blocks
 
 
 @cuda.jit

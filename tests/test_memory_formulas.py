@@ -1,0 +1,50 @@
+"""zero_ref/memory_formulas.py: the stage ladder written once, and each buffer the
+engine keeps, by its ledger name, what the formula says (not only their sum)."""
+
+from __future__ import annotations
+
+import pytest
+from mpi4py import MPI
+
+from zero_ref.comm.collectives import Comm
+from zero_ref.config import ZeroConfig
+from zero_ref.dtypes import element_bytes
+from zero_ref.engine import make_engine
+from zero_ref.memory_formulas import LADDER, buffer_bytes, sharded
+from zero_ref.models.unit import init_params
+from zero_ref.testing.replay import ReplayModel
+
+
+def test_each_stage_shards_what_the_one_below_does_and_one_thing_more():
+    assert [sorted(sharded(s)) for s in range(4)] == [
+        [],
+        ["optimizer"],
+        ["grads", "optimizer"],
+        ["grads", "optimizer", "params"],
+    ]
+    for stage in range(1, 4):
+        assert sharded(stage) - sharded(stage - 1) == {LADDER[stage - 1]}
+    with pytest.raises(ValueError, match="stage 4 is not one of 0, 1, 2, 3"):
+        sharded(4)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize(
+    "precision, grad, wire",
+    [("fp32", None, None), ("fp16", None, None), ("bf16", None, "fp32"), ("bf16", "fp32", None)],
+)
+def test_each_buffer_the_engine_holds_is_the_formulas(stage, k, precision, grad, wire):
+    model = ReplayModel([("u0", [("w", (3, 5)), ("s", ())]), ("u1", [("b", (7,))])])
+    cfg = ZeroConfig(
+        stage=stage,
+        grad_accum=k,
+        precision=precision,
+        grad_accum_dtype=grad,
+        communication_data_type=wire,
+        bucket_numel=8,
+    )
+    engine = make_engine(model, init_params(model, 0), cfg, Comm(MPI.COMM_SELF))
+    sizes = element_bytes(cfg.precision, cfg.grad_dtype, cfg.comm_dtype)
+    numels = [u.padded_numel for u in engine.layout.units]
+    assert engine.buffer_bytes() == buffer_bytes(stage, numels, 1, 8, k, sizes)

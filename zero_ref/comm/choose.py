@@ -1,0 +1,52 @@
+"""The Comm a configuration asks for: the one place that maps ZeroConfig to a Comm.
+
+Its reduction policy (MPI's sum, or rank order for determinism), whether ranks check
+the collective schedule, and with --device gpu how device buffers reach MPI: handed
+to a CUDA-aware MPI directly, or staged through host buffers (zero_ref/comm/staging.py).
+Apart from collectives.py and staging.py because it chooses between them, and both
+are below it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mpi4py import MPI
+
+from zero_ref.comm.collectives import Comm
+from zero_ref.comm.reduction import MPIReduction, OrderedReduction
+from zero_ref.config import ZeroConfig
+
+if TYPE_CHECKING:
+    from zero_ref.comm.staging import StagedComm
+
+
+def comm_for(mpi_comm: MPI.Comm, cfg: ZeroConfig) -> Comm:
+    """The Comm an engine with config `cfg` needs: its reduction policy and schedule
+    checking both follow the config (the only place that maps one to the other)."""
+    reduction = OrderedReduction() if cfg.deterministic else MPIReduction()
+    comm = Comm(mpi_comm, reduction, check_schedule=cfg.check_schedule)
+    if cfg.device == "gpu":  # collectives on device arrays (docs/gpu.md)
+        return device_comm(comm, cfg.cuda_aware_mpi)
+    return comm
+
+
+def device_comm(comm: Comm, cuda_aware_mpi: str) -> Comm | StagedComm:
+    """The Comm a --device gpu engine uses: the library asked whether it is CUDA-aware
+    and --cuda-aware-mpi resolved against its answer (zero_ref/gpu/mpi_support.py).
+    CUDA-aware: a Comm that hands MPI the device arrays themselves, its temporaries and
+    16-bit sums on the device, each call after a device synchronize (DeviceArrays).
+    Not: a StagedComm, through reused pinned host buffers."""
+    from numba import cuda  # the device modules only when asked: the CPU path needs none
+
+    from zero_ref.comm.staging import StagedComm
+    from zero_ref.gpu.arrays import DeviceArrays
+    from zero_ref.gpu.mpi_support import choose_path, library_says_cuda_aware
+
+    path = choose_path(cuda_aware_mpi, library_says_cuda_aware())
+    if not path.cuda_aware:
+        return StagedComm(comm, cuda.pinned_array, path.describe())
+    direct = Comm(comm.mpi, comm.reduction, comm.check_schedule)
+    direct.arrays = DeviceArrays(lambda: f"rank {direct.rank}, step {direct.step}")
+    direct.path = path.describe()
+    return direct
