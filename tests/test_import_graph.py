@@ -54,14 +54,6 @@ LEFT_FOR_ENGINE = {
         ("zero_ref.engine", f"zero_ref.engine.stage{s}"): "engine/__init__ re-exports stages"
         for s in range(4)
     },
-    # offload is below engine (the stages use its pipeline); nvme.py reaches up for the
-    # memory ledger's type
-    ("zero_ref.offload.nvme", "zero_ref.engine"): "offload/nvme.py imports engine.memory",
-    ("zero_ref.offload.nvme", "zero_ref.engine.memory"): "offload/nvme.py imports engine.memory",
-    # production code importing the test machinery: app/failure.py wires testing/faults.py;
-    # engine replaces that with a hook the engine exposes on purpose
-    ("zero_ref.app.failure", "zero_ref.testing"): "app/failure.py imports testing.faults",
-    ("zero_ref.app.failure", "zero_ref.testing.faults"): "app/failure.py imports testing.faults",
 }
 
 

@@ -21,13 +21,16 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from zero_ref.engine.memory import MemoryLedger
 from zero_ref.io.atomic import process_alive
 from zero_ref.offload.malloc import return_freed_arrays_to_os
 from zero_ref.offload.swap_file import F32, OffloadIOError, OffloadSetupError, SwapFile
+
+if TYPE_CHECKING:  # the engine's memory ledger: offload is below the engine
+    from zero_ref.engine.memory import MemoryLedger
 
 FOLDER = re.compile(r"zero_ref_swap_r(\d+)_p(\d+)$")
 FreeBytes = Callable[[Path], int]  # a folder -> the bytes its filesystem has free for us
