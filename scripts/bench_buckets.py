@@ -32,8 +32,8 @@ from zero_ref.app.cli import parse_args
 from zero_ref.app.data import encode_corpus, load_text
 from zero_ref.app.tasks import build_task
 from zero_ref.comm.choose import comm_for
-from zero_ref.engine import make_engine
 from zero_ref.engine.init_source import RandomInit
+from zero_ref.engine.ladder import make_engine
 
 SIZES = [1024, 4096, 8192, 32768, 131072, 1 << 20]
 

@@ -46,7 +46,7 @@ from mpi4py import MPI
 
 from zero_ref.comm.collectives import Comm
 from zero_ref.config import ZeroConfig
-from zero_ref.engine import make_engine
+from zero_ref.engine.ladder import make_engine
 from zero_ref.layout.buckets import bucket_columns
 from zero_ref.models.unit import init_params
 

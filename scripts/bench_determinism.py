@@ -35,7 +35,7 @@ from mpi4py import MPI
 
 from zero_ref.comm.choose import comm_for
 from zero_ref.config import ZeroConfig
-from zero_ref.engine import make_engine
+from zero_ref.engine.ladder import make_engine
 from zero_ref.models.unit import init_params
 from zero_ref.optim.gradnorm import sumsq_bins, sumsq_fast
 

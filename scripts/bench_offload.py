@@ -37,8 +37,8 @@ from mpi4py import MPI
 
 from zero_ref.comm.choose import comm_for
 from zero_ref.config import ZeroConfig
-from zero_ref.engine import make_engine
 from zero_ref.engine.init_source import RandomInit
+from zero_ref.engine.ladder import make_engine
 from zero_ref.io.trace import Trace
 from zero_ref.offload.pipeline import SWAP_LANES
 

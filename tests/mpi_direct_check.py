@@ -20,7 +20,7 @@ from mpi_checks import run_checks  # noqa: E402  (beside this script, which runs
 
 from zero_ref.comm.choose import comm_for  # noqa: E402
 from zero_ref.config import ZeroConfig  # noqa: E402
-from zero_ref.engine import make_engine  # noqa: E402
+from zero_ref.engine.ladder import make_engine  # noqa: E402
 from zero_ref.gpu import device, mpi_support  # noqa: E402
 from zero_ref.models.unit import init_params  # noqa: E402
 from zero_ref.testing.emulated_device import DeviceArray, to_device  # noqa: E402

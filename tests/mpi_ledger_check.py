@@ -15,8 +15,8 @@ from mpi_checks import run_checks  # beside this script, which runs by path
 
 from zero_ref.comm.choose import comm_for
 from zero_ref.config import ZeroConfig
-from zero_ref.engine import make_engine
 from zero_ref.engine.init_source import RandomInit
+from zero_ref.engine.ladder import make_engine
 from zero_ref.engine.memory import buffer_formula_bytes
 from zero_ref.models.gpt import GPT, GPTConfig
 

@@ -26,7 +26,7 @@ from zero_ref.checkpoint.reader import Checkpoint
 from zero_ref.checkpoint.writer import save_checkpoint
 from zero_ref.comm.choose import comm_for
 from zero_ref.config import AdamWConfig, ZeroConfig
-from zero_ref.engine import make_engine
+from zero_ref.engine.ladder import make_engine
 from zero_ref.engine.memory import formula_bytes
 from zero_ref.layout.flat import tensor_views
 from zero_ref.models.unit import init_params

@@ -211,7 +211,7 @@ def tiny_engine():
     """A one-rank engine of two small units (COMM_SELF): what a save of it writes."""
     from zero_ref.comm.choose import comm_for
     from zero_ref.config import ZeroConfig
-    from zero_ref.engine import make_engine
+    from zero_ref.engine.ladder import make_engine
     from zero_ref.models.unit import init_params
     from zero_ref.testing.replay import ReplayModel
 

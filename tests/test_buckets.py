@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from zero_ref.comm.choose import comm_for
 from zero_ref.config import ZeroConfig
-from zero_ref.engine import make_engine
+from zero_ref.engine.ladder import make_engine
 from zero_ref.layout.buckets import plan_buckets
 from zero_ref.models.unit import init_params
 from zero_ref.testing.replay import ReplayModel

@@ -54,8 +54,8 @@ from zero_ref.checkpoint.writer import (
 )
 from zero_ref.comm.choose import comm_for
 from zero_ref.config import ZeroConfig
-from zero_ref.engine import make_engine
 from zero_ref.engine.init_source import RandomInit
+from zero_ref.engine.ladder import make_engine
 from zero_ref.io.tensor_io import SafetensorsWriter, load_named
 from zero_ref.layout.flat import build_layout, rank_rows, tensor_views
 from zero_ref.models.gpt import GPT, GPTConfig

@@ -13,7 +13,7 @@ from zero_ref.comm.choose import comm_for
 from zero_ref.comm.collectives import Comm, MPIReduction, OrderedReduction
 from zero_ref.comm.ledger import CommLedger
 from zero_ref.config import ZeroConfig
-from zero_ref.engine import make_engine
+from zero_ref.engine.ladder import make_engine
 from zero_ref.models.unit import init_params
 from zero_ref.testing.replay import ReplayModel
 

@@ -13,8 +13,8 @@ from mpi4py import MPI
 from zero_ref.app.cli import UsageError, parse_args
 from zero_ref.comm.choose import comm_for
 from zero_ref.config import ZeroConfig
-from zero_ref.engine import make_engine
 from zero_ref.engine.init_source import RandomInit
+from zero_ref.engine.ladder import make_engine
 from zero_ref.estimate import (
     activation_bytes,
     check_fits,

@@ -19,7 +19,7 @@ from tests.test_parity import (
 )
 from zero_ref.comm.choose import comm_for
 from zero_ref.config import ZeroConfig
-from zero_ref.engine import make_engine
+from zero_ref.engine.ladder import make_engine
 from zero_ref.gpu.device import DeviceSetupError, simulated
 from zero_ref.models.unit import init_params
 from zero_ref.testing.engine_state import full_parameters

@@ -11,8 +11,8 @@ import pytest
 
 from zero_ref.comm.choose import comm_for
 from zero_ref.config import ZeroConfig
-from zero_ref.engine import make_engine
 from zero_ref.engine.init_source import FileInit, NamedInit, RandomInit
+from zero_ref.engine.ladder import make_engine
 from zero_ref.io.tensor_io import save_safetensors
 from zero_ref.layout.flat import build_layout
 from zero_ref.models.gpt import GPT, GPTConfig

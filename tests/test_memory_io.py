@@ -15,7 +15,7 @@ from zero_ref.comm.collectives import Comm
 from zero_ref.comm.ledger import paper_sent_bytes
 from zero_ref.config import ZeroConfig
 from zero_ref.dtypes import element_bytes
-from zero_ref.engine import make_engine
+from zero_ref.engine.ladder import make_engine
 from zero_ref.engine.memory import (
     CATEGORIES,
     MemoryLedger,

@@ -23,7 +23,7 @@ from zero_ref.app.ds_config import ConfigError, parse_config
 from zero_ref.comm.collectives import Comm
 from zero_ref.config import ZeroConfig
 from zero_ref.dtypes import accumulate_rounded, round_into, rounded
-from zero_ref.engine import make_engine
+from zero_ref.engine.ladder import make_engine
 from zero_ref.engine.precision import Precision
 from zero_ref.models.unit import ParamSpec, init_params
 from zero_ref.optim.loss_scale import LossScaleConfig

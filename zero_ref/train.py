@@ -107,7 +107,7 @@ def set_up(parsed: Parsed, mpi_comm) -> Training:
 def build_engine(parsed: Parsed, job: Prepared, comm: Comm, trace: Trace | None):
     """The engine, new or (--resume) from the checkpoint, whose checks and reads are
     events on the trace; returns it, the step it starts after, and what loading took."""
-    from zero_ref.engine import make_engine
+    from zero_ref.engine.ladder import make_engine
 
     build = lambda: make_engine(job.task.model, job.init, parsed.zero, comm)  # noqa: E731
     if job.checkpoint is None:

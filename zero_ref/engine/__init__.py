@@ -1,4 +1,8 @@
-"""The ZeRO stage ladder. Each stage is a subclass of the one below it and adds
+"""The engine: the ZeRO stage ladder (zero_ref/engine/ladder.py: make_engine) and the
+policies it plugs in. This package's __init__ imports nothing, so that importing one
+module of it never runs the others.
+
+The ladder. Each stage is a subclass of the one below it and adds
 exactly one thing (Sec. 5 of the paper):
 
   Stage0DataParallel      baseline: full replicas, gradients all-reduced
@@ -6,36 +10,3 @@ exactly one thing (Sec. 5 of the paper):
   Stage2GradientsSharded  + gradients partitioned, reduce-scattered in buckets (P_os+g)
   Stage3ParamsSharded     + parameters partitioned, gathered per unit (P_os+g+p)
 """
-
-from __future__ import annotations
-
-from collections.abc import Mapping
-
-import numpy as np
-
-from zero_ref.comm.collectives import Comm
-from zero_ref.config import ZeroConfig
-from zero_ref.engine.hooks import EngineHooks
-from zero_ref.engine.stage0 import Stage0DataParallel
-from zero_ref.engine.stage1 import Stage1OptimizerSharded
-from zero_ref.engine.stage2 import Stage2GradientsSharded
-from zero_ref.engine.stage3 import Stage3ParamsSharded
-from zero_ref.engine.step import StepResult
-from zero_ref.models.unit import Model
-
-LADDER = (Stage0DataParallel, Stage1OptimizerSharded, Stage2GradientsSharded, Stage3ParamsSharded)
-
-
-def make_engine(
-    model: Model,
-    init_params: Mapping[str, np.ndarray],
-    cfg: ZeroConfig,
-    comm: Comm,
-    hooks: EngineHooks | None = None,
-) -> Stage0DataParallel:
-    """The engine for cfg.stage, holding this rank's share of the model; `hooks`: named
-    points a tool acts at (zero_ref/engine/hooks.py), none by default."""
-    return LADDER[cfg.stage](model, init_params, cfg, comm, hooks)
-
-
-__all__ = ["LADDER", "StepResult", "make_engine", *[c.__name__ for c in LADDER]]
