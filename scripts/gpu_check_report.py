@@ -233,7 +233,8 @@ def summarize(work: Path, mode: str, expect: dict, started: float) -> dict:
         name, file, status, rc, start, end, limit = row.split("\t")
         figures = phase_figures(name, work, expect)
         phase = {"status": status, "exit": int(rc), "seconds": round(float(end) - float(start), 1)}
-        phase |= {"limit_s": int(limit), "file": file, "figures": figures}
+        limit_s = int(limit) if limit.isdigit() else float(limit)  # timeout takes fractions
+        phase |= {"limit_s": limit_s, "file": file, "figures": figures}
         why = figures_missing(name, figures) if status == "pass" or name == "env" else None
         if why:  # env's is what the machine lacks, whichever way it ended
             phase |= {"status": "fail" if status == "pass" else status, "why": why}

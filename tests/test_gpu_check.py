@@ -138,7 +138,8 @@ def test_the_pip_guard_records_a_call(tmp_path):
 
 
 def test_a_phase_past_its_limit_is_recorded_and_the_next_one_runs(tmp_path):
-    limits = {"GPU_CHECK_LIMIT_TESTS": "1", "GPU_CHECK_LIMIT_ORACLE": "1"}
+    # limits no run can meet (a 2-step oracle run on a quiet machine took under a second)
+    limits = {"GPU_CHECK_LIMIT_TESTS": "0.05", "GPU_CHECK_LIMIT_ORACLE": "0.05"}
     done, out = rehearse(tmp_path, GPU_CHECK_PHASES="tests oracle", **limits)
     assert done.returncode == 1, done.stdout + done.stderr
     summary = json.loads((out / "summary.json").read_text())
