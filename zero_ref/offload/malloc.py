@@ -6,9 +6,9 @@ large request with its own mmap and unmaps it when freed, but the first such fre
 its mmap threshold to that size (the "dynamic threshold", `mallopt(3)`), and from then on
 requests below it come from the heap, where a freed block stays resident while anything
 allocated later sits above it. That retention grows with the largest activation, which
-grows with the model, and shows up as RSS the ledger never allocated: 1.8 MiB per rank of
-the 9 MiB a 4 -> 16 layer GPT added at d_model 768 (scripts/bench_offload_slope.py: 0.106
-bytes per added parameter per rank without this, 0.085 with it).
+grows with the model, and shows up as RSS the ledger never allocated: about 1.8 MB per
+rank of the 9 MB a 4 -> 16 layer GPT added at d_model 768 (scripts/bench_offload_slope.py,
+85M parameters added: 0.106 bytes per added parameter per rank without this, 0.085 with it).
 
 Setting M_MMAP_THRESHOLD explicitly, to glibc's own initial 128 KiB, turns the dynamic
 raise off: every array of 128 KiB or more is mapped on its own and unmapped when freed.
