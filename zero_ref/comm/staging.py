@@ -25,6 +25,7 @@ from collections.abc import Callable
 import numpy as np
 
 from zero_ref.comm.collectives import Comm
+from zero_ref.comm.in_flight import InFlight
 from zero_ref.gpu.copies import copy_in, copy_out, host_dtype
 
 HostEmpty = Callable[[int, np.dtype], np.ndarray]  # np.empty, or numba.cuda.pinned_array
@@ -60,8 +61,9 @@ class HostStaging:
 
     def _register(self, key: tuple[int, str], held: np.ndarray) -> None:
         if self.memory is not None:  # a grown buffer replaces the old one under its name
-            slot = "send" if key[0] == self.SEND else "recv"
-            self.memory.hold("buffers", f"host staging ({slot}, {key[1]})", held)
+            slot = "send" if key[0] % 2 == self.SEND else "recv"
+            lane = "" if key[0] < 2 else f", lane {key[0] // 2 - 1}"  # non-blocking calls'
+            self.memory.hold("buffers", f"host staging ({slot}, {key[1]}{lane})", held)
 
     def held_bytes(self) -> int:
         return sum(b.nbytes for b in self.buffers.values())
@@ -148,6 +150,42 @@ class StagedComm:
         self.host_comm.allgather_in_place(host)
         self.staging.to_device(host[: r * n], buf[: r * n])
         self.staging.to_device(host[(r + 1) * n :], buf[(r + 1) * n :])
+
+    # ---- non-blocking (--overlap-comm): copied down at issue, back up at completion
+    def _lane(self, lane: int, slot: int) -> int:
+        """The host buffer of a non-blocking call in `lane`: its own pair per lane, apart
+        from the blocking calls' (a lane is reused only after its call was waited for)."""
+        return 2 + 2 * lane + slot
+
+    def ireduce_scatter_sum(self, send, recv, lane: int = 0) -> InFlight:
+        """reduce_scatter_sum, issued; recv is written when it is waited for."""
+        host_send = self.staging.to_host(send, self._lane(lane, self.SEND))
+        host_recv = self.staging.buffer(
+            self._lane(lane, self.RECV), recv.shape[0], host_dtype(recv)
+        )
+        flight = self.host_comm.ireduce_scatter_sum(host_send, host_recv)
+        return flight.then(lambda: self.staging.to_device(host_recv, recv))
+
+    def iallgather(self, send, recv, kind: str = "allgather", lane: int = 0) -> InFlight:
+        """allgather, issued; recv is written when it is waited for."""
+        host_send = self.staging.to_host(send, self._lane(lane, self.SEND))
+        host_recv = self.staging.buffer(
+            self._lane(lane, self.RECV), recv.shape[0], host_dtype(recv)
+        )
+        flight = self.host_comm.iallgather(host_send, host_recv, kind)
+        return flight.then(lambda: self.staging.to_device(host_recv, recv))
+
+    def iallgather_in_place(self, buf, lane: int = 0) -> InFlight:
+        """allgather_in_place, issued: this rank's block down now, the others' up after."""
+        n, r = buf.shape[0] // self.size, self.rank
+        host = self.staging.buffer(self._lane(lane, self.SEND), buf.shape[0], host_dtype(buf))
+        self.staging.copy_down(buf[r * n : (r + 1) * n], host[r * n : (r + 1) * n])
+
+        def up() -> None:
+            self.staging.to_device(host[: r * n], buf[: r * n])
+            self.staging.to_device(host[(r + 1) * n :], buf[(r + 1) * n :])
+
+        return self.host_comm.iallgather_in_place(host).then(up)
 
     def gather_to_root(self, send, recv, kind: str) -> None:
         """recv (W*n,) on rank 0 <- every rank's send (n,); recv None elsewhere."""
