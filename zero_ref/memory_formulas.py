@@ -111,7 +111,7 @@ def prefetch_plan(
     persistent = frozenset(i for i, n in enumerate(unit_numels) if n < persistence_numel)
     kept = sum(unit_numels[i] for i in persistent)
     others = sorted(n for i, n in enumerate(unit_numels) if i not in persistent)
-    widest = max(others, default=0)
+    widest = max(unit_numels, default=0)  # every gathered-unit buffer's width
     if not prefetches or prefetch_numel == 0 or len(others) < 2:
         ahead_units, ahead_numel = 0, 0
     elif prefetch_numel is None:
@@ -199,7 +199,7 @@ def buffer_bytes(
         held["unit_param_scratch"] = F32 * widest
     if "params" in shards:
         plan = overlap.plan
-        wide = max((n for i, n in enumerate(unit_numels) if i not in plan.persistent), default=0)
+        wide = widest  # every buffer as wide as the widest unit, persistent or not
         held["gathered_unit"] = sizes.param * wide
         for k in range(1, plan.buffers):
             held[f"gathered_unit (prefetch {k})"] = sizes.param * wide

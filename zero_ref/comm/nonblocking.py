@@ -31,9 +31,10 @@ from zero_ref.comm.reduction import isum_16bit_words, words_of
 class NonBlockingCollectives:
     """Mixed into Comm: its checks, reduction policy, arrays and ledger are the Comm's."""
 
-    def ireduce_scatter_sum(self, send: np.ndarray, recv: np.ndarray, lane: int = 0) -> InFlight:
+    def ireduce_scatter_sum(self, send: np.ndarray, recv: np.ndarray, lane: str = "") -> InFlight:
         """reduce_scatter_sum, issued. `lane` names the caller's buffer pair (a staged
-        device Comm keeps host buffers per lane; a host Comm needs none)."""
+        device Comm keeps host buffers per lane, apart for calls in flight together;
+        a host Comm needs none)."""
         t0 = time.perf_counter()
         self._check(send, recv, same_dtype=False)
         self._agree("reduce_scatter", recv.size, self.arrays.dtype_name(send))
@@ -61,7 +62,7 @@ class NonBlockingCollectives:
         return request, finish, keep + (total,)
 
     def iallgather(
-        self, send: np.ndarray, recv: np.ndarray, kind: str = "allgather", lane: int = 0
+        self, send: np.ndarray, recv: np.ndarray, kind: str = "allgather", lane: str = ""
     ) -> InFlight:
         """allgather, issued: recv (W*n,) <- every rank's send (n,), in rank order."""
         t0 = time.perf_counter()
@@ -70,7 +71,7 @@ class NonBlockingCollectives:
         request = self.mpi.Iallgather(words_of(send), words_of(recv))
         return self._issued(kind, send.size, send.dtype.itemsize, request, None, (), t0)
 
-    def iallgather_in_place(self, buf: np.ndarray, lane: int = 0) -> InFlight:
+    def iallgather_in_place(self, buf: np.ndarray, lane: str = "") -> InFlight:
         """allgather_in_place, issued: block r of buf <- rank r's block r."""
         t0 = time.perf_counter()
         self._check(buf)

@@ -36,10 +36,15 @@ from zero_ref.comm.progress import progress_for
 
 
 class Pending:
-    """A collective the schedule issued; its output is valid after schedule.wait()."""
+    """A blocking collective, already complete: what the schedule returns for it (an
+    issued one is an InFlight, zero_ref/comm/in_flight.py); wait() once, as for those."""
 
     def __init__(self, what: str) -> None:
         self.what, self.waited = what, False
+
+    def wait(self) -> None:
+        assert not self.waited, f"{self.what} waited for twice"
+        self.waited = True
 
 
 class BlockingSchedule:
@@ -66,15 +71,14 @@ class BlockingSchedule:
         self.comm.allgather(shard, out)
         return Pending("allgather")
 
-    def gather_updated(self, unit_params: np.ndarray) -> Pending:
+    def gather_updated(self, unit_params: np.ndarray, lane: int = 0) -> Pending:
         """Stages 1-2: every rank's updated block of a unit, in place."""
         self.comm.allgather_in_place(unit_params)
         return Pending("allgather")
 
-    def wait(self, pending: Pending) -> None:
-        """Block until `pending` is complete (here it already is); once per Pending."""
-        assert not pending.waited, f"{pending.what} waited for twice"
-        pending.waited = True
+    def wait(self, pending: Pending | InFlight) -> None:
+        """Block until `pending` is complete (a blocking one already is), once each."""
+        pending.wait()
 
     def full_gradient_unit_done(self, i: int, reduce_unit) -> None:
         """Stage 1 (a full gradient buffer): backward is done with unit i. Blocking, its
@@ -98,24 +102,22 @@ class BlockingSchedule:
 
 class OverlappingSchedule(BlockingSchedule):
     """Collectives issued now and waited for when their result is read (--overlap-comm).
-    `lane`: which of a caller's buffers a call uses (a staged device Comm keeps a host
-    buffer pair per lane)."""
+    `lane`: which of a caller's buffers a call uses (a bucket's staging lane, a
+    gathered-unit buffer, a unit); calls in flight together have distinct lanes, so a
+    staged device Comm keeps a host buffer pair for each."""
 
     lanes = 2  # double-buffered staging: one bucket packs while the other is reduced
     prefetches = True
 
     def reduce_bucket(self, staging: np.ndarray, out: np.ndarray, lane: int = 0) -> InFlight:
-        return self.comm.ireduce_scatter_sum(staging, out, lane)
+        return self.comm.ireduce_scatter_sum(staging, out, f"bucket {lane}")
 
     def gather_unit(self, shard: np.ndarray, out: np.ndarray, lane: int = 0) -> InFlight:
-        return self.comm.iallgather(shard, out, lane=lane)
+        return self.comm.iallgather(shard, out, lane=f"gather {lane}")
 
-    def gather_updated(self, unit_params: np.ndarray) -> InFlight:
-        return self.comm.iallgather_in_place(unit_params)
-
-    def wait(self, pending: InFlight) -> None:
-        """Block until `pending` is complete, and complete its result."""
-        pending.wait()
+    def gather_updated(self, unit_params: np.ndarray, lane: int = 0) -> InFlight:
+        """Stages 1-2: `lane` is the unit's index (every unit's gather is in flight)."""
+        return self.comm.iallgather_in_place(unit_params, f"unit {lane}")
 
     def full_gradient_unit_done(self, i: int, reduce_unit) -> None:
         """Stage 1: unit i's gradients into the buckets now, while backward goes on
@@ -135,9 +137,11 @@ class OverlappingSchedule(BlockingSchedule):
         self.comm.settle()
 
     def close(self) -> None:
-        """Stop the progress policy (its thread, if it has one)."""
+        """Stop the progress policy (its thread, if it has one); the Comm is left with
+        "none", so an engine made on it later starts from nothing running."""
         self.comm.settle()
         self.comm.progress.close()
+        self.comm.progress = progress_for("none", self.comm.mpi)
 
 
 def schedule_for(cfg, comm: Comm) -> BlockingSchedule:

@@ -140,7 +140,7 @@ class Stage1OptimizerSharded(Stage0DataParallel):
         for i, unit in enumerate(self.layout.units):
             if unit.padded_numel:
                 self.updated_gathers[i] = self.schedule.gather_updated(
-                    self.full_params[unit.full_slice()]
+                    self.full_params[unit.full_slice()], lane=i
                 )
 
     def _kept_whole(self) -> tuple[np.ndarray, ...]:

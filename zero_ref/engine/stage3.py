@@ -45,8 +45,7 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
         buffer of its own for each persistent unit, all in the memory ledger."""
         units, dtype = self.layout.units, self.precision.param
         plan = stage3_plan(self.cfg, self.layout, self.schedule.prefetches)
-        wide = max((u.padded_numel for i, u in enumerate(units) if i not in plan.persistent),
-                   default=0)  # fmt: skip
+        wide = self.layout.widest_unit_numel  # lent whole to stream state (lend)
         names = ["gathered_unit"] + [
             f"gathered_unit (prefetch {k})" for k in range(1, plan.buffers)
         ]
