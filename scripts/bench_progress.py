@@ -299,26 +299,6 @@ def driver(args) -> None:
     emit({**result, "load_average": load_average()}, args.record)
 
 
-def markdown_table(result: dict) -> str:
-    """The doc's table (docs/overlap_progress.md): per setting, collective and size, the
-    comm alone and each policy's overlapped total in ms, with overlap_vs_plain."""
-    modes = [m for m in (*PLAIN_MODES, "mpich") if any(m == r["mode"] for s in
-             result["settings"].values() for r in s["rows"])]  # fmt: skip
-    head = ["setting", "collective", "MiB", "comm ms", "compute ms", *modes]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for name, res in result["settings"].items():
-        rows = {(r["kind"], r["size_bytes"], r["mode"]): r for r in res["rows"]}
-        for kind, size in dict.fromkeys((r["kind"], r["size_bytes"]) for r in res["rows"]):
-            none = rows[(kind, size, "none")]
-            cells = [name, kind, f"{size / 2**20:.0f}", f"{none['comm_s'] * 1e3:.1f}",
-                     f"{none['compute_s'] * 1e3:.1f}"]  # fmt: skip
-            for mode in modes:
-                r = rows[(kind, size, mode)]
-                cells.append(f"{r['total_s'] * 1e3:.1f} ({r['overlap_vs_plain']:.2f})")
-            lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--settings", type=lambda s: s.split(","), default=list(SETTINGS))
@@ -327,7 +307,6 @@ def parse_args() -> argparse.Namespace:
                    help="receive-buffer bytes per rank")  # fmt: skip
     p.add_argument("--rate", default="200mbit", help="tbf rate on the namespace link")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--table", metavar="JSON", help="print a recorded result as the doc's table")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--modes", type=lambda s: s.split(","), default=list(PLAIN_MODES))
     add_record_flag(p, "bench_progress")
@@ -347,7 +326,4 @@ def _exit_on_term(signum, frame) -> None:
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, _exit_on_term)
     a = parse_args()
-    if a.table:
-        print(markdown_table(json.loads(Path(a.table).read_text())))
-    else:
-        worker(a) if a.worker else driver(a)
+    worker(a) if a.worker else driver(a)
