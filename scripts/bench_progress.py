@@ -199,9 +199,17 @@ def worker(args) -> None:
     for size in args.sizes:
         for kind in ("ialltoall16", "iallgather"):
             rows += measure(mpi, args.modes, kind, size, compute, args.repeats)
+    blas = mpi.allreduce(threadpool_limits_summary(), op=MPI.MAX)
     if mpi.Get_rank() == 0:
-        print(json.dumps({"rows": rows, "thread_level": MPI.Query_thread(),
+        print(json.dumps({"rows": rows, "thread_level": MPI.Query_thread(), "blas_threads": blas,
                           "load_average": load_average()}), flush=True)  # fmt: skip
+
+
+def threadpool_limits_summary() -> int:
+    """The most threads any BLAS pool of this rank uses (1 is what the bench asks for)."""
+    from threadpoolctl import threadpool_info
+
+    return max((pool["num_threads"] for pool in threadpool_info()), default=1)
 
 
 # ---- the driver: a plain command that launches the worker
@@ -224,6 +232,10 @@ def launch(setting: str, mpich: bool, args) -> dict:
            "--sizes", sizes, "--repeats", str(args.repeats)]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **ONE_THREAD}
     env.pop("MPIR_CVAR_ENABLE_HEAVY_YIELD", None)
+    # This driver imported zero_ref, which set the thread variables and named them in
+    # ZERO_REF_THREAD_VARS; a rank would take them for zero_ref's and replace ONE_THREAD
+    # with its own budget (2 BLAS threads for 1 rank per "host" on 2 shared cores).
+    env.pop("ZERO_REF_THREAD_VARS", None)
     genv = ["-genv", "MPIR_CVAR_ASYNC_PROGRESS", "1"] if mpich else []
     mpiexec = str(Path(sys.executable).with_name("mpiexec"))
     if hosts is None:
@@ -265,6 +277,7 @@ def run_setting(setting: str, args) -> dict:
     rows = plain["rows"] + mpich["rows"]
     with_plain_overlap(rows)
     out = {"ranks": SETTINGS[setting][0], "hosts": hosts, "rows": rows,
+           "blas_threads": max(plain["blas_threads"], mpich["blas_threads"]),
            "load_average": [plain["load_average"], mpich["load_average"]]}  # fmt: skip
     if hosts:
         out |= {"rate": args.rate, "link_bytes": plain["link_bytes"] + mpich["link_bytes"]}
