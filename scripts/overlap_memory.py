@@ -6,9 +6,10 @@ For the default GPT (or the flags given after --), stages 1-3 at --world ranks: 
 engine per setting on this process (MPI_COMM_SELF, laid out for --world ranks through
 the estimate, which tests/test_estimate.py checks equals the engine's ledger), its
 `buffers` bytes blocking and with --overlap-comm (one unit ahead), and at stage 3
-with a deeper prefetch (--prefetch-numel of four widest units): the second staging
-lane and the lanes' receive rows (stages 1-3), the prefetch buffers (stage 3), each as
-bytes and bytes per parameter. Prints a table, then one JSON line.
+with a deeper prefetch (--prefetch-numel of four widest units' elements: as many
+units as fit): the second staging lane and the lanes' receive rows (stages 1-3), the
+prefetch buffers (stage 3), each as bytes and bytes per parameter. Prints a table,
+then one JSON line.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from zero_ref.layout.flat import model_layout
 SETTINGS = {  # name -> flags added to the run's
     "blocking": [],
     "overlap": ["--overlap-comm"],
-    "overlap, 4 units ahead": ["--overlap-comm", "--prefetch-numel", "{deep}"],
+    "overlap, prefetch 4 widest units": ["--overlap-comm", "--prefetch-numel", "{deep}"],
 }
 
 
@@ -35,7 +36,7 @@ def row(stage: int, world: int, flags: list[str]) -> dict:
     widest = model_layout(model, world).widest_unit_numel
     out = {"stage": stage, "params": None}
     for name, extra in SETTINGS.items():
-        if stage < 3 and "ahead" in name:
+        if stage < 3 and "prefetch" in name:
             continue
         argv = ["--stage", str(stage), *flags, *(x.format(deep=4 * widest) for x in extra)]
         est = estimate_for(parse_args(argv, world), model, world)
@@ -53,10 +54,10 @@ def main() -> int:
     rows = [row(stage, args.world, flags) for stage in (1, 2, 3)]
     print(f"buffers per rank, bytes ({args.world} ranks; {' '.join(flags) or 'default GPT'})")
     print(f"{'stage':>5} {'blocking':>10} {'overlap':>10} {'added':>10} {'B/param':>8} "
-          f"{'4 ahead':>10} {'B/param':>8}")  # fmt: skip
+          f"{'prefetch 4w':>10} {'B/param':>8}")  # fmt: skip
     for r in rows:
         added = r["overlap"] - r["blocking"]
-        deep = r.get("overlap, 4 units ahead")
+        deep = r.get("overlap, prefetch 4 widest units")
         deep_cells = (
             "" if deep is None else f"{deep:>10,} {(deep - r['blocking']) / r['params']:>8.3f}"
         )
@@ -65,7 +66,7 @@ def main() -> int:
             f"{added / r['params']:>8.3f} {deep_cells}"
         )
     result = {"world": args.world, "flags": flags, "rows": rows, "load_average": load_average()}
-    emit(result, args.record, args.world)
+    emit(result, args.record)
     return 0
 
 
