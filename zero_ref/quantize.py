@@ -16,8 +16,9 @@ amax/127 that |x / scale| passes 127.5; for every normal scale |x / scale| <= 12
 to within one float32 ulp and rint gives at most 127.
 
 A NaN or Inf anywhere in a block has no meaningful scale (amax/127 is Inf or NaN,
-and every value in the block would dequantize to NaN): the kernels report the first
-such block and the caller refuses with an error naming the unit (NonFiniteParameter-
+and every value in the block would dequantize to NaN), and a block whose amax is so
+close to float32's largest value that 127 * scale rounds up to Inf cannot be
+dequantized: the kernels report the first such block and the caller refuses with an error naming the unit (NonFiniteParameter-
 Error). Parameters are finite in a healthy run: fp16's overflow is caught on the
 gradients, whose step is skipped, so a non-finite parameter is a bug to report, not
 a value to pass along as NaNs.
@@ -56,10 +57,11 @@ def quantize_reference(x: np.ndarray, block: int, q: np.ndarray, scales: np.ndar
     index of the first block holding a NaN/Inf (its q and scale unspecified), or -1."""
     rows = x.reshape(-1, block)  # (blocks, block)
     amax = np.max(np.abs(rows), axis=1, initial=np.float32(0))
-    bad = ~np.isfinite(amax)
+    with np.errstate(over="ignore"):
+        scale = np.divide(amax, np.float32(QMAX), dtype=np.float32)
+        bad = ~np.isfinite(np.multiply(scale, np.float32(QMAX), dtype=np.float32))
     if bad.any():
         return int(np.argmax(bad))
-    scale = np.divide(amax, np.float32(QMAX), dtype=np.float32)
     safe = np.where(scale == 0, np.float32(1), scale)[:, None]
     ratio = np.divide(rows, safe, dtype=np.float32)
     ratio = np.where(scale[:, None] == 0, np.float32(0), np.clip(np.rint(ratio), -QMAX, QMAX))
@@ -87,9 +89,9 @@ def quantize_kernel(x, block, q, scales):  # pragma: no cover - compiled
                 finite = False
             elif a > amax:
                 amax = a
-        if not finite:
-            return b
         scale = np.float32(amax / np.float32(QMAX))
+        if not finite or not np.isfinite(np.float32(scale * np.float32(QMAX))):
+            return b
         scales[b] = scale
         for k in range(lo, lo + block):
             if scale == 0:
