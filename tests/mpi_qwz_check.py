@@ -7,7 +7,8 @@ Every rank builds a stage-3 engine with quantized weights from the same initial
 parameters, acquires each unit's forward (quantized) gather and its backward (full)
 gather, and rank 0 prints one JSON line: the sha256 of every unit's forward values,
 whether they equal the oracle's forward_parameters (no world size in it) bitwise,
-and whether backward's are the full-precision parameters. The test compares the
+whether backward's are the full-precision parameters, and the buffers' bytes held
+against the estimate's (qwZ's send and receive rows and scratch among them). The test compares the
 hashes across world sizes: blocks aligned to shards make them equal.
 """
 
@@ -20,6 +21,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
+from zero_ref.app.rank_estimate import state_bytes
 from zero_ref.comm.choose import comm_for
 from zero_ref.config import ZeroConfig
 from zero_ref.engine.ladder import make_engine
@@ -49,6 +51,11 @@ def main() -> None:
     forward, full = oracle.forward_parameters(model), oracle.model_parameters()
     report = {"world": comm.size, "hashes": [], "oracle_forward": True, "backward_full": True}
     report["differs_from_full"] = False
+    sizes, held = engine.precision.bytes, engine.memory.bytes_by_category()
+    report["buffers"] = [
+        held["buffers"],
+        state_bytes(engine.layout, 3, cfg.bucket_numel, 1, sizes, cfg)["buffers"],
+    ]
     for i, unit in enumerate(model.units):
         got = {k: v.copy() for k, v in engine.unit_params(i, forward=True).items()}
         engine.release_unit_params(i, forward=True)

@@ -6,16 +6,25 @@ the layout's alignment; and stage 3's forward gather at world sizes 1, 2 and 4
 from __future__ import annotations
 
 import json
+import tempfile
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from mpi4py import MPI
 
 from tests.mpi_pool import REPO, mpi_env, mpirun_command, run_watched
+from tests.test_parity import MLP, QWZ, check_bitwise, pinned, run
+from zero_ref.app.cli import parse_args
+from zero_ref.app.rank_estimate import estimate_for
+from zero_ref.comm.choose import comm_for
 from zero_ref.config import ZeroConfig
+from zero_ref.engine.init_source import RandomInit
+from zero_ref.engine.ladder import make_engine
 from zero_ref.layout.flat import build_layout
+from zero_ref.models.gpt import GPT, GPTConfig
 from zero_ref.quantize import (
     NonFiniteParameterError,
     dequantize,
@@ -172,4 +181,59 @@ def test_forward_gather_is_the_same_at_world_sizes_1_2_4(precision):
         reports.append(json.loads(done.stdout.strip().splitlines()[-1]))
     for r in reports:
         assert r["oracle_forward"] and r["backward_full"] and r["differs_from_full"], r
+        assert r["buffers"][0] == r["buffers"][1], f"buffers held vs estimated: {r}"
     assert reports[0]["hashes"] == reports[1]["hashes"] == reports[2]["hashes"]
+
+
+@pytest.mark.parametrize(
+    "first,second",
+    [
+        ({"world": 2, "qwz": QWZ}, {"world": 3, "qwz": None}),  # qwZ saved, resumed without
+        ({"world": 3, "qwz": None}, {"world": 4, "qwz": {"quantize_block": 4}}),
+        ({"world": 4, "qwz": QWZ}, {"world": 2, "qwz": {"quantize_block": 16}}),  # new blocks
+    ],
+)
+def test_checkpoint_of_a_qwz_run_resumes_and_reshards(mpi_pools, first, second):
+    """A qwZ layout (units padded to whole blocks per rank) is saved with its alignment
+    and resumed at another world size, with or without qwZ, bitwise the oracle that
+    replays the first run's quantized (or full) forwards."""
+    drawn = pinned(MLP, stage=3, grad_accum=2, **first)
+    folder = tempfile.mkdtemp(prefix="zero_ref_qwz_ckpt_")
+    saved = run(mpi_pools, {**drawn, "save_to": folder})
+    history = [
+        {"world": first["world"], "lrs": drawn["lrs"][: drawn["steps"]], "qwz": first["qwz"]}
+    ]
+    resumed = run(mpi_pools, {**drawn, **second, "resume_from": folder, "history": history})
+    for result in (saved, resumed):
+        check_bitwise(result)
+        assert result["optimizer_state_bitwise"]
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--quantize-block", "64"],
+        ["--quantize-block", "16", "--overlap-comm", "--precision", "bf16"],
+        ["--overlap-comm", "--prefetch-numel", "1000000", "--precision", "fp16"],
+    ],
+)
+def test_qwz_estimate_equals_the_ledger(tmp_path, flags):
+    """From the command line: the layout padded to whole blocks, qwZ's send and receive
+    rows per gathered-unit buffer and its float32 scratch, as the engine holds them."""
+
+    corpus = tmp_path / "text.txt"
+    corpus.write_text("a small corpus; its vocabulary is all the model needs here.\n" * 4)
+    argv = ["--data", str(corpus), "--stage", "3", "--quantized-weights", *flags]
+    parsed = parse_args(argv, 1)
+    assert parsed.zero.quantized_weights
+    model = GPT(GPTConfig(vocab_size=37, context=16, n_layer=2, n_head=2, d_model=22))
+    engine = make_engine(
+        model, RandomInit(model, 0), parsed.zero, comm_for(MPI.COMM_SELF, parsed.zero)
+    )
+    est = estimate_for(parsed, model, 1)
+    held = engine.memory.bytes_by_category()
+    names = set(engine.memory.held["buffers"])
+    engine.close()
+    assert held == {k: getattr(est, k) for k in held}
+    assert {"qwZ send 0", "qwZ recv 0", "qwZ float32 scratch"} <= names
+    assert est.padded_numel % parsed.zero.quantize_block == 0

@@ -18,10 +18,10 @@ to within one float32 ulp and rint gives at most 127.
 A NaN or Inf anywhere in a block has no meaningful scale (amax/127 is Inf or NaN,
 and every value in the block would dequantize to NaN), and a block whose amax is so
 close to float32's largest value that 127 * scale rounds up to Inf cannot be
-dequantized: the kernels report the first such block and the caller refuses with an error naming the unit (NonFiniteParameter-
-Error). Parameters are finite in a healthy run: fp16's overflow is caught on the
-gradients, whose step is skipped, so a non-finite parameter is a bug to report, not
-a value to pass along as NaNs.
+dequantized: the kernels report the first such block and the caller refuses with an
+error naming the unit (NonFiniteParameterError). Parameters are finite in a healthy
+run: fp16's overflow is caught on the gradients, whose step is skipped, so a
+non-finite parameter is a bug to report, not a value to pass along as NaNs.
 """
 
 from __future__ import annotations
