@@ -237,3 +237,14 @@ def test_qwz_estimate_equals_the_ledger(tmp_path, flags):
     assert held == {k: getattr(est, k) for k in held}
     assert {"qwZ send 0", "qwZ recv 0", "qwZ float32 scratch"} <= names
     assert est.padded_numel % parsed.zero.quantize_block == 0
+
+
+def test_deepspeed_key_turns_qwz_on(tmp_path):
+    """DeepSpeed's zero_optimization.zero_quantized_weights feeds ZeroConfig.quantized_weights
+    (deepspeed/runtime/zero/config.py); --quantize-block has no DeepSpeed key."""
+    ds = {"zero_optimization": {"stage": 3, "zero_quantized_weights": True}}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(ds))
+    parsed = parse_args(["--config", str(path), "--quantize-block", "512"], 2)
+    assert parsed.zero.quantized_weights and parsed.zero.quantize_block == 512
+    assert not parse_args(["--stage", "3"], 2).zero.quantized_weights
