@@ -456,6 +456,7 @@ def fast_tolerance(lr_sum: float) -> float:
 @given(drawn=options(st.one_of(replay_model, mlp_model), deterministic=False, worlds=[1, 2, 3, 4]))
 @example(drawn=pinned(MLP, deterministic=False, stage=1, world=3))
 @example(drawn=pinned(TINY_UNITS, deterministic=False, stage=3, world=4, bucket_numel=1))
+@example(drawn=pinned(MLP, deterministic=False, stage=3, world=3, qwz=QWZ, overlap=OVERLAP))
 def test_fast_mode_within_tolerance(mpi_pools, drawn):
     result = run(mpi_pools, drawn)
     for i, step in enumerate(result["steps"]):
