@@ -22,8 +22,8 @@ overlap of every policy is computed against that plain compute time too
 own slower compute_s. Each number is a median over --repeats after one warm-up, of the
 slowest rank; the policies take turns within each repeat. Policies: none, test (poke
 per unit), test-layer (poke per slice), thread (poll_s 0: the thread yields the GIL
-between tests), thread-sleep (poll_s 1e-4), mpich (a separate launch with
-MPIR_CVAR_ASYNC_PROGRESS=1).
+between tests), thread-sleep (poll_s 1e-4), thread-1ms (poll_s 1e-3), mpich (a
+separate launch with MPIR_CVAR_ASYNC_PROGRESS=1).
 
     python scripts/bench_progress.py [--settings one_host,two_hosts,two_hosts_2x2]
                                      [--rate 200mbit] [--record]
@@ -53,7 +53,8 @@ from bench_common import REPO, add_record_flag, emit, load_average, median
 
 SLICE_N = 256  # one slice: a 256 x 256 float32 matmul (34 MFLOP)
 SLICES_PER_UNIT = 8  # a unit boundary (a poke) every 8 slices; test-layer pokes every slice
-PLAIN_MODES = ("none", "test", "test-layer", "thread", "thread-sleep")
+PLAIN_MODES = ("none", "test", "test-layer", "thread", "thread-sleep", "thread-1ms")
+THREAD_POLL_S = {"thread": 0.0, "thread-sleep": 1e-4, "thread-1ms": 1e-3}  # the thread's pause
 NETNS = REPO / "scripts" / "netns_hosts.sh"
 PREFIX, SUBNET = "zrp", "10.79.0"
 # One BLAS thread per rank in every setting: the namespace "hosts" share this machine's
@@ -75,8 +76,8 @@ def make_policy(mode: str, mpi):
 
     if mode == "test-layer":
         return progress_for("test", mpi), 1
-    if mode == "thread-sleep":
-        return progress_for("thread", mpi, poll_s=1e-4), SLICES_PER_UNIT
+    if mode in THREAD_POLL_S:
+        return progress_for("thread", mpi, poll_s=THREAD_POLL_S[mode]), SLICES_PER_UNIT
     return progress_for(mode, mpi), SLICES_PER_UNIT
 
 
@@ -198,9 +199,17 @@ def worker(args) -> None:
     for size in args.sizes:
         for kind in ("ialltoall16", "iallgather"):
             rows += measure(mpi, args.modes, kind, size, compute, args.repeats)
+    blas = mpi.allreduce(threadpool_limits_summary(), op=MPI.MAX)
     if mpi.Get_rank() == 0:
-        print(json.dumps({"rows": rows, "thread_level": MPI.Query_thread(),
+        print(json.dumps({"rows": rows, "thread_level": MPI.Query_thread(), "blas_threads": blas,
                           "load_average": load_average()}), flush=True)  # fmt: skip
+
+
+def threadpool_limits_summary() -> int:
+    """The most threads any BLAS pool of this rank uses (1 is what the bench asks for)."""
+    from threadpoolctl import threadpool_info
+
+    return max((pool["num_threads"] for pool in threadpool_info()), default=1)
 
 
 # ---- the driver: a plain command that launches the worker
@@ -223,6 +232,10 @@ def launch(setting: str, mpich: bool, args) -> dict:
            "--sizes", sizes, "--repeats", str(args.repeats)]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **ONE_THREAD}
     env.pop("MPIR_CVAR_ENABLE_HEAVY_YIELD", None)
+    # This driver imported zero_ref, which set the thread variables and named them in
+    # ZERO_REF_THREAD_VARS; a rank would take them for zero_ref's and replace ONE_THREAD
+    # with its own budget (2 BLAS threads for 1 rank per "host" on 2 shared cores).
+    env.pop("ZERO_REF_THREAD_VARS", None)
     genv = ["-genv", "MPIR_CVAR_ASYNC_PROGRESS", "1"] if mpich else []
     mpiexec = str(Path(sys.executable).with_name("mpiexec"))
     if hosts is None:
@@ -264,6 +277,7 @@ def run_setting(setting: str, args) -> dict:
     rows = plain["rows"] + mpich["rows"]
     with_plain_overlap(rows)
     out = {"ranks": SETTINGS[setting][0], "hosts": hosts, "rows": rows,
+           "blas_threads": max(plain["blas_threads"], mpich["blas_threads"]),
            "load_average": [plain["load_average"], mpich["load_average"]]}  # fmt: skip
     if hosts:
         out |= {"rate": args.rate, "link_bytes": plain["link_bytes"] + mpich["link_bytes"]}
@@ -298,25 +312,6 @@ def driver(args) -> None:
     emit({**result, "load_average": load_average()}, args.record)
 
 
-def markdown_table(result: dict) -> str:
-    """The doc's table (docs/overlap_progress.md): per setting, collective and size, the
-    comm alone and each policy's overlapped total in ms, with overlap_vs_plain."""
-    modes = [*PLAIN_MODES, "mpich"]
-    head = ["setting", "collective", "MiB", "comm ms", "compute ms", *modes]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for name, res in result["settings"].items():
-        rows = {(r["kind"], r["size_bytes"], r["mode"]): r for r in res["rows"]}
-        for kind, size in dict.fromkeys((r["kind"], r["size_bytes"]) for r in res["rows"]):
-            none = rows[(kind, size, "none")]
-            cells = [name, kind, f"{size / 2**20:.0f}", f"{none['comm_s'] * 1e3:.1f}",
-                     f"{none['compute_s'] * 1e3:.1f}"]  # fmt: skip
-            for mode in modes:
-                r = rows[(kind, size, mode)]
-                cells.append(f"{r['total_s'] * 1e3:.1f} ({r['overlap_vs_plain']:.2f})")
-            lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--settings", type=lambda s: s.split(","), default=list(SETTINGS))
@@ -325,7 +320,6 @@ def parse_args() -> argparse.Namespace:
                    help="receive-buffer bytes per rank")  # fmt: skip
     p.add_argument("--rate", default="200mbit", help="tbf rate on the namespace link")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--table", metavar="JSON", help="print a recorded result as the doc's table")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--modes", type=lambda s: s.split(","), default=list(PLAIN_MODES))
     add_record_flag(p, "bench_progress")
@@ -345,7 +339,4 @@ def _exit_on_term(signum, frame) -> None:
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, _exit_on_term)
     a = parse_args()
-    if a.table:
-        print(markdown_table(json.loads(Path(a.table).read_text())))
-    else:
-        worker(a) if a.worker else driver(a)
+    worker(a) if a.worker else driver(a)
