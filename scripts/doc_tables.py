@@ -34,12 +34,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when loaded by 
 import doc_tables_memory  # noqa: E402
 import doc_tables_progress  # noqa: E402
 import doc_tables_render as render  # noqa: E402
+import doc_tables_zeropp  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "docs" / "results"
 BEGIN = re.compile(r"<!-- measured: (?P<name>[a-z0-9_]+) from (?P<files>[^>]+?) -->")
 END = "<!-- /measured -->"
-RENDERERS = {**render.RENDERERS, **doc_tables_memory.RENDERERS, **doc_tables_progress.RENDERERS}
+RENDERERS = {
+    **render.RENDERERS,
+    **doc_tables_memory.RENDERERS,
+    **doc_tables_progress.RENDERERS,
+    **doc_tables_zeropp.RENDERERS,
+}
 
 
 @dataclass(frozen=True)

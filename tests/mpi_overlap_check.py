@@ -28,6 +28,7 @@ from mpi_checks import run_checks  # beside this script, which runs by path
 from zero_ref.comm.collectives import Comm, MPIReduction, OrderedReduction
 from zero_ref.comm.progress import progress_for
 from zero_ref.config import ZeroConfig
+from zero_ref.engine.gathered_unit import key_of
 from zero_ref.engine.ladder import make_engine
 from zero_ref.models.unit import init_params
 from zero_ref.testing.replay import ReplayModel
@@ -181,7 +182,7 @@ def check_stage3_prefetch(mpi: MPI.Comm, check: Checks) -> None:
 
     def watched(i, upcoming=()):
         out = acquire(i, upcoming)
-        seen.append((i, engine.gathered.states()))
+        seen.append((key_of(i)[0], engine.gathered.states()))  # i: a (unit, quantized) key
         return out
 
     engine.gathered.acquire = watched

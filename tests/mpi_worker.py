@@ -97,6 +97,7 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
         device=case.get("device", "cpu"),
         **offload_settings(case),
         **(case.get("overlap") or {}),  # overlap_comm, progress, prefetch_numel, ...
+        **qwz_settings(case),
     )
     model, batches = build_model(case)
     init = init_params(model, case["seed"])
@@ -158,6 +159,12 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
     }
 
 
+def qwz_settings(case: dict) -> dict:
+    """ZeroConfig's qwZ fields for a case with "qwz": {quantize_block} (stage 3)."""
+    qwz = case.get("qwz")
+    return {} if not qwz else {"quantized_weights": True, "quantize_block": qwz["quantize_block"]}
+
+
 def offload_settings(case: dict) -> dict:
     """ZeroConfig's offload fields for a case with "offload": {sub_group_size,
     buffer_count}: the optimizer state in swap files under the temp folder; or
@@ -171,13 +178,17 @@ def offload_settings(case: dict) -> dict:
 
 
 def replay_history(oracle: Oracle, model, batches, history: list[dict], k: int) -> None:
-    """The oracle takes the saved run's steps, each at the world size it ran at."""
-    step = 0
+    """The oracle takes the saved run's steps, each at the world size it ran at (and with
+    qwZ's block, when the phase names its "qwz": the saved run's, not this one's)."""
+    step, mine = 0, oracle.quantize_block
     for phase in history:
+        if "qwz" in phase:
+            oracle.quantize_block = phase["qwz"]["quantize_block"] if phase["qwz"] else None
         for lr in phase["lrs"]:
             inputs, targets = batches(step, k, phase["world"])
             oracle.model_step(model, inputs, targets, lr)
             step += 1
+        oracle.quantize_block = mine
 
 
 def consolidated_optimizer_state(engine) -> dict[str, dict[str, np.ndarray]]:
@@ -204,6 +215,11 @@ def optimizer_state_matches(state: dict, oracle: Oracle) -> bool:
     )
 
 
+def gathers_record(gathers):
+    """engine.gathers() as plain data (a QuantizedGathers as its dict)."""
+    return dataclasses.asdict(gathers) if dataclasses.is_dataclass(gathers) else gathers
+
+
 def plan(engine) -> dict:
     """What the test checks the bucket plan against: each unit's padded numel, the
     engine's buckets (stages 1-3) and its buffers' bytes (staging, scratch)."""
@@ -214,7 +230,7 @@ def plan(engine) -> dict:
         if buckets is None
         else [[b.first_unit, b.last_unit, b.shard_offset, b.shard_numel] for b in buckets.plan],
         "buffer_bytes": {n: int(a.nbytes) for n, a in engine.memory.held["buffers"].items()},
-        "gathers": engine.gathers(),  # stage 3 with prefetch buffers or persistent units
+        "gathers": gathers_record(engine.gathers()),  # stage 3 with prefetch, persistence, qwZ
     }
 
 

@@ -25,6 +25,7 @@ from tests.test_parity import (
     offload_allowed,
     options,
     pinned,
+    qwz_allowed,
     replay_model,
     run,
 )
@@ -39,9 +40,9 @@ def save_then_resume(mpi_pools, drawn: dict, second: dict) -> tuple[dict, dict]:
     k = drawn["steps"]
     folder = tempfile.mkdtemp(prefix="zero_ref_ckpt_")
     first = run(mpi_pools, {**drawn, "save_to": folder})
-    history = [{"world": drawn["world"], "lrs": drawn["lrs"][:k]}]
+    history = [{"world": drawn["world"], "lrs": drawn["lrs"][:k], "qwz": drawn.get("qwz")}]
     resumed = {**drawn, **second, "resume_from": folder, "history": history}
-    resumed = offload_allowed(resumed)  # the second run's stage may not allow the first's
+    resumed = qwz_allowed(offload_allowed(resumed))  # the second stage may not allow the first's
     resumed["lrs"] = list(reversed(drawn["lrs"]))  # other learning rates after the resume
     return first, run(mpi_pools, resumed)
 

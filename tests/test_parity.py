@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.test_buckets import expected_bucket_plan
-from zero_ref.comm.ledger import expected_sent_bytes
+from zero_ref.comm.ledger import QuantizedGathers, expected_sent_bytes
 from zero_ref.dtypes import ElementBytes
 from zero_ref.layout.flat import padded_numel
 
@@ -71,26 +71,31 @@ def precision_options(mixed: bool) -> st.SearchStrategy:
 
 
 def options(model: st.SearchStrategy, deterministic: bool, worlds: list[int]):
-    return st.fixed_dictionaries(
-        {
-            "precision": precision_options(mixed=deterministic),
-            "world": st.sampled_from(worlds),
-            "model": model,
-            "stage": st.sampled_from([0, 1, 2, 3]),
-            "bucket_numel": st.sampled_from([1, 4, 17, 64, 1 << 20]),
-            "grad_accum": st.sampled_from([1, 2, 3]),
-            "clip": st.sampled_from([None, 0.5, 1e3]),
-            "weight_decay": st.sampled_from([0.0, 0.1]),
-            "lr": st.sampled_from([1e-3, 3e-2]),
-            "lrs": st.lists(st.sampled_from(STEP_LRS), min_size=3, max_size=3),
-            "steps": st.integers(1, 3),
-            "seed": st.integers(0, 2**16),
-            "checkpoint_activations": st.booleans(),
-            "deterministic": st.just(deterministic),
-            "offload": offload_options(mixed=deterministic),
-            "overlap": overlap_options(),
-        }
-    ).map(offload_allowed)
+    return (
+        st.fixed_dictionaries(
+            {
+                "precision": precision_options(mixed=deterministic),
+                "world": st.sampled_from(worlds),
+                "model": model,
+                "stage": st.sampled_from([0, 1, 2, 3]),
+                "bucket_numel": st.sampled_from([1, 4, 17, 64, 1 << 20]),
+                "grad_accum": st.sampled_from([1, 2, 3]),
+                "clip": st.sampled_from([None, 0.5, 1e3]),
+                "weight_decay": st.sampled_from([0.0, 0.1]),
+                "lr": st.sampled_from([1e-3, 3e-2]),
+                "lrs": st.lists(st.sampled_from(STEP_LRS), min_size=3, max_size=3),
+                "steps": st.integers(1, 3),
+                "seed": st.integers(0, 2**16),
+                "checkpoint_activations": st.booleans(),
+                "deterministic": st.just(deterministic),
+                "offload": offload_options(mixed=deterministic),
+                "overlap": overlap_options(),
+                "qwz": qwz_options(),
+            }
+        )
+        .map(offload_allowed)
+        .map(qwz_allowed)
+    )
 
 
 def overlap_options() -> st.SearchStrategy:
@@ -121,6 +126,23 @@ def offload_options(mixed: bool) -> st.SearchStrategy:
         }
     )
     return st.one_of(st.none(), pools)
+
+
+def qwz_options() -> st.SearchStrategy:
+    """No qwZ (None), or stage 3's forward gathers in int8 with a drawn block size."""
+    return st.one_of(
+        st.none(), st.fixed_dictionaries({"quantize_block": st.sampled_from([1, 3, 8, 64])})
+    )
+
+
+def qwz_allowed(drawn: dict) -> dict:
+    """qwZ quantizes stage 3's gathers only, and keeps no persistent units."""
+    if not drawn.get("qwz"):
+        return drawn
+    if drawn["stage"] < 3:
+        return drawn | {"qwz": None}
+    overlap = drawn.get("overlap")
+    return drawn if not overlap else drawn | {"overlap": overlap | {"persistence_numel": 0}}
 
 
 def offload_allowed(drawn: dict) -> dict:
@@ -170,6 +192,8 @@ OFFLOAD = {"sub_group_size": 3, "buffer_count": 3}  # swap files, a pool of 3 x 
 OFFLOAD_ALL = OFFLOAD | {"offload_param": "nvme"}  # stage 3: the parameter shard too
 OVERLAP = {"overlap_comm": True}  # one unit ahead, progress by MPI_Testall
 OVERLAP_DEEP = OVERLAP | {"prefetch_numel": 1 << 20, "persistence_numel": 10, "progress": "thread"}
+QWZ = {"quantize_block": 8}  # ZeRO++'s qwZ: stage 3's forward gathers in int8, blocks of 8
+QWZ_PREFETCH = OVERLAP | {"prefetch_numel": 1 << 20, "progress": "thread"}  # no persistence
 
 
 def pinned(model: dict, deterministic: bool = True, **changes) -> dict:
@@ -236,9 +260,10 @@ def check_buckets(result: dict, drawn: dict) -> None:
     bucket for all ranks, never more than bucket_numel elements (stage 0: no buckets)."""
     stage, world, k = drawn["stage"], drawn["world"], drawn["grad_accum"]
     padded = result["unit_padded_numels"]
+    align = drawn["qwz"]["quantize_block"] if drawn.get("qwz") else 1  # qwZ: whole blocks
     if drawn["model"]["model"] == "replay":
         sizes = [sum(math.prod(shape) for _, shape in ts) for _, ts in drawn["model"]["units"]]
-        assert padded == [padded_numel(n, world) for n in sizes]
+        assert padded == [padded_numel(n, world * align) for n in sizes]
     plan = expected_bucket_plan(padded, drawn["bucket_numel"], world)  # the rule, rewritten
     if stage >= 1:
         assert [[b[0], b[1], b[3]] for b in result["buckets"]] == plan
@@ -264,6 +289,10 @@ def check_comm_bytes(result: dict, drawn: dict) -> None:
     of its buffer policy), checked here against the bytes MPI was handed; after a
     skipped step more units are still held: at most those bytes."""
     gathers = result["gathers"]
+    if isinstance(gathers, dict):  # qwZ: forward's gathers in int8 and scales
+        gathers = QuantizedGathers(
+            tuple(gathers["full"]), tuple(gathers["quantized"]), gathers["block"]
+        )
     for i, (step, report) in enumerate(zip(result["ledger"], result["steps"], strict=True)):
         after_skipped = i > 0 and result["steps"][i - 1]["skipped"]
         expected = expected_sent_bytes(
@@ -279,7 +308,7 @@ def check_comm_bytes(result: dict, drawn: dict) -> None:
         sent = sum(
             v["sent_bytes"]
             for kind, v in step.items()
-            if kind in ("reduce_scatter", "allgather", "allreduce")
+            if kind in ("reduce_scatter", "allgather", "allgather_int8", "allreduce")
         )
         if gathers and after_skipped:
             assert sent <= expected, f"step {i}: rank 0 sent {sent} bytes, at most {expected}"
@@ -347,6 +376,21 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scope
     )
 )
 @example(drawn=pinned(TINY_UNITS, stage=2, world=2, overlap=OVERLAP, precision=FP16_OVERFLOWING))
+# qwZ: forward reads int8-gathered, dequantized parameters; backward full ones
+@example(drawn=pinned(TINY_UNITS, stage=3, world=3, grad_accum=3, qwz={"quantize_block": 1}))
+@example(drawn=pinned(TINY_UNITS, stage=3, world=4, qwz=QWZ, precision=FP16_OVERFLOWING))
+@example(drawn=pinned(TINY_UNITS, stage=3, world=3, qwz=QWZ, overlap=QWZ_PREFETCH))
+@example(
+    drawn=pinned(
+        TINY_UNITS,
+        stage=3,
+        world=2,
+        qwz={"quantize_block": 3},
+        overlap=OVERLAP,
+        offload=OFFLOAD_ALL,
+        precision=BF16_FP32_ACCUM,
+    )
+)
 def test_deterministic_replay_is_bitwise_oracle(mpi_pools, drawn):
     result = run(mpi_pools, drawn)
     check_bitwise(result)
@@ -368,6 +412,19 @@ def test_deterministic_replay_is_bitwise_oracle(mpi_pools, drawn):
 @example(drawn=pinned(MLP, stage=3, world=3, checkpoint_activations=True, offload=OFFLOAD_ALL))
 @example(drawn=pinned(MLP, stage=3, world=4, grad_accum=2, overlap=OVERLAP))
 @example(drawn=pinned(MLP, stage=2, world=3, checkpoint_activations=True, overlap=OVERLAP_DEEP))
+@example(drawn=pinned(MLP, stage=3, world=3, grad_accum=2, checkpoint_activations=True, qwz=QWZ))
+@example(drawn=pinned(MLP, stage=3, world=4, grad_accum=1, qwz=QWZ, precision=FP16_OVERFLOWING))
+@example(
+    drawn=pinned(
+        MLP,
+        stage=3,
+        world=2,
+        checkpoint_activations=True,
+        qwz={"quantize_block": 64},
+        overlap=QWZ_PREFETCH,
+        precision={"precision": "bf16"},
+    )
+)
 def test_deterministic_model_is_bitwise_oracle(mpi_pools, drawn):
     result = run(mpi_pools, drawn)
     check_bitwise(result)
@@ -399,6 +456,7 @@ def fast_tolerance(lr_sum: float) -> float:
 @given(drawn=options(st.one_of(replay_model, mlp_model), deterministic=False, worlds=[1, 2, 3, 4]))
 @example(drawn=pinned(MLP, deterministic=False, stage=1, world=3))
 @example(drawn=pinned(TINY_UNITS, deterministic=False, stage=3, world=4, bucket_numel=1))
+@example(drawn=pinned(MLP, deterministic=False, stage=3, world=3, qwz=QWZ, overlap=OVERLAP))
 def test_fast_mode_within_tolerance(mpi_pools, drawn):
     result = run(mpi_pools, drawn)
     for i, step in enumerate(result["steps"]):

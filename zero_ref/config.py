@@ -172,6 +172,12 @@ class ZeroConfig:
                   beyond prefetch_numel. At least the widest unit.
     persistence_numel  stage 3: units with fewer elements than this stay gathered from
                   their first gather until the update (stage3_param_persistence_threshold).
+    quantized_weights  stage 3 (ZeRO++'s qwZ, zero_quantized_weights): each unit's forward
+                  all-gather sends every rank's slice as int8 with one float32 scale per
+                  block (zero_ref/quantize.py); backward gathers full precision.
+    quantize_block  elements per quantization block; with quantized_weights each unit
+                  is padded to a multiple of world size * quantize_block, so blocks never
+                  straddle two ranks' slices and results do not depend on the world size.
     """
 
     stage: int = 2
@@ -199,6 +205,8 @@ class ZeroConfig:
     prefetch_numel: int | None = None
     max_live_numel: int | None = None
     persistence_numel: int = 0
+    quantized_weights: bool = False
+    quantize_block: int = 2048
 
     def __post_init__(self) -> None:
         _require(
@@ -248,6 +256,42 @@ class ZeroConfig:
         self._check_offload()
         self._check_device()
         self._check_overlap()
+        self._check_zeropp()
+
+    def _check_zeropp(self) -> None:
+        _require(
+            isinstance(self.quantized_weights, bool),
+            "quantized_weights",
+            self.quantized_weights,
+            "True or False",
+        )
+        _require(
+            _positive_int(self.quantize_block),
+            "quantize_block",
+            self.quantize_block,
+            "an integer >= 1",
+        )
+        if not self.quantized_weights:
+            return
+        _require(
+            self.stage == 3,
+            "quantized_weights",
+            self.quantized_weights,
+            "False below stage 3 (qwZ quantizes stage 3's parameter all-gather)",
+        )
+        _require(
+            self.device == "cpu",
+            "quantized_weights",
+            self.quantized_weights,
+            "False with device 'gpu' (qwZ is built on the CPU path only)",
+        )
+        _require(
+            self.persistence_numel == 0,
+            "persistence_numel",
+            self.persistence_numel,
+            "0 with quantized_weights (a persistent unit is gathered once for forward and "
+            "backward, which need different gathers under qwZ)",
+        )
 
     def _check_overlap(self) -> None:
         _require(

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from zero_ref.dtypes import FP32, ElementBytes
 from zero_ref.layout.buckets import bucket_columns
+from zero_ref.quantize import SCALE_BYTES
 
 CATEGORIES = ("params", "grads", "optimizer", "buffers")  # the memory ledger's
 LADDER = ("optimizer", "grads", "params")  # what stages 1, 2 and 3 each add to the sharding
@@ -140,10 +141,12 @@ def prefetch_plan(
 class OverlapBuffers:
     """What --overlap-comm and stage 3's plan add to a stage's buffers: the bucket
     staging lanes (2 with overlap: double-buffered) and each lane's receive row, and
-    stage 3's gathered-unit buffers and persistent units."""
+    stage 3's gathered-unit buffers and persistent units; with qwZ (quantize_block)
+    each gathered-unit buffer's int8 send and receive bytes, and one float32 scratch."""
 
     lanes: int = 1
     plan: PrefetchPlan = PrefetchPlan()
+    quantize_block: int | None = None
 
 
 def overlap_buffers(unit_numels: Sequence[int], cfg) -> OverlapBuffers:
@@ -153,7 +156,8 @@ def overlap_buffers(unit_numels: Sequence[int], cfg) -> OverlapBuffers:
         unit_numels, cfg.overlap_comm, cfg.prefetch_numel, cfg.max_live_numel,
         cfg.persistence_numel,
     )  # fmt: skip
-    return OverlapBuffers(2 if cfg.overlap_comm else 1, plan)
+    block = cfg.quantize_block if getattr(cfg, "quantized_weights", False) else None
+    return OverlapBuffers(2 if cfg.overlap_comm else 1, plan, block)
 
 
 def buffer_bytes(
@@ -205,6 +209,24 @@ def buffer_bytes(
             held[f"gathered_unit (prefetch {k})"] = sizes.param * wide
         for i in sorted(plan.persistent):
             held[f"persistent unit {i}"] = sizes.param * unit_numels[i]
+        if overlap.quantize_block is not None:
+            held |= quantized_gather_bytes(
+                wide // world_size, world_size, plan.buffers, overlap.quantize_block
+            )
+    return held
+
+
+def quantized_gather_bytes(shard: int, world_size: int, lanes: int, block: int) -> dict[str, int]:
+    """qwZ's buffers (zero_ref/engine/quantized_gather.py): per gathered-unit buffer a
+    send row of the widest slice quantized (shard int8 values, 4 bytes a block) and a
+    receive row of every rank's, and one float32 slice the 16-bit paths widen and
+    dequantize through."""
+    row = shard + SCALE_BYTES * (shard // block)
+    held = {}
+    for k in range(lanes):
+        held[f"qwZ send {k}"] = row
+        held[f"qwZ recv {k}"] = world_size * row
+    held["qwZ float32 scratch"] = F32 * shard
     return held
 
 

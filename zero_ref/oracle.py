@@ -20,6 +20,15 @@ gradients' dtype and then to the wire's, each s_j and each partial acc to the
 gradients' dtype; AdamW updates the float32 master weights. Without it every
 rounding is the identity and S = 1.
 
+With qwZ (ZeRO++'s quantized weights, `quantize_block`) each rank's forward reads
+every unit's parameters quantized and dequantized (zero_ref/quantize.py: blocks of
+the unit's own elements, [b*block, (b+1)*block), the last zero-padded), rounded once
+to the parameters' dtype, while backward reads the full-precision ones; with
+activation checkpointing the forward recomputed before a unit's backward reads the
+full ones too, as the engine's, which runs it after backward's gather. So the
+per-unit forward and backward are written here (model_gradients), in the engine's
+order, not taken from loss_and_grads.
+
 The deterministic engine reproduces this bit for bit at every stage and world
 size; the fast engine agrees within the tolerance in docs/determinism.md.
 """
@@ -35,11 +44,12 @@ import numpy as np
 
 from zero_ref.config import AdamWConfig, ZeroConfig
 from zero_ref.dtypes import dtype_of, rounded
-from zero_ref.models.unit import Model, loss_and_grads
+from zero_ref.models.unit import Model, loss_and_grads, unit_params_view
 from zero_ref.optim.adamw import AdamWScalars, adamw_reference, adamw_scalars, with_lr
 from zero_ref.optim.gradnorm import clip_coefficient, sumsq_exact_reference
 from zero_ref.optim.loss_scale import LossScaleConfig, initial_state, next_state
 from zero_ref.optim.nonfinite import NonFiniteGradientError
+from zero_ref.quantize import quantized_copy
 from zero_ref.rank_order import sum_in_rank_order
 
 NamedArrays = Mapping[str, np.ndarray]
@@ -75,6 +85,8 @@ class Oracle:
         comm_dtype: str | None = None,
         loss_scale: LossScaleConfig | None = None,
         nonfinite: str = "raise",
+        quantize_block: int | None = None,
+        checkpoint_activations: bool = False,
     ) -> None:
         self.names = list(init_params)
         self.shapes = [np.shape(init_params[k]) for k in self.names]
@@ -89,6 +101,8 @@ class Oracle:
         self.loss_scale_cfg = loss_scale if precision == "fp16" else None
         self.scaler = None if self.loss_scale_cfg is None else initial_state(self.loss_scale_cfg)
         self.nonfinite = nonfinite
+        self.quantize_block = quantize_block  # qwZ's block (None: forward reads full weights)
+        self.recompute = checkpoint_activations  # with qwZ: the recompute reads full weights
         self.step_count = 0
         self.last_grad_norm = float("nan")
         self.last_skipped = False
@@ -106,6 +120,8 @@ class Oracle:
             cfg.comm_dtype,
             cfg.loss_scale,
             cfg.nonfinite,
+            cfg.quantize_block if cfg.quantized_weights else None,
+            cfg.checkpoint_activations,
         )
 
     def loss_scale(self) -> float | None:
@@ -116,6 +132,25 @@ class Oracle:
         """The parameters the model reads: the master weights rounded to 16 bits
         (widened back to float32), or the master weights themselves in fp32."""
         return self.unflatten(rounded(self.params, self.param_dtype))
+
+    def forward_parameters(self, model: Model) -> dict[str, np.ndarray]:
+        """What forward reads: model_parameters(), or with qwZ each unit's quantized and
+        dequantized in blocks of its own elements, rounded once to the parameters' dtype."""
+        full = self.model_parameters()
+        if self.quantize_block is None:
+            return full
+        out = {}
+        for unit in model.units:
+            names = [f"{unit.name}.{s.name}" for s in unit.param_specs()]
+            flat = np.concatenate([full[k].reshape(-1) for k in names] or [np.zeros(0, np.float32)])
+            flat = rounded(
+                quantized_copy(flat, self.quantize_block, f"unit {unit.name}"), self.param_dtype
+            )
+            offset = 0
+            for k in names:
+                out[k] = flat[offset : offset + full[k].size].reshape(full[k].shape)
+                offset += full[k].size
+        return out
 
     def _flatten(self, named: NamedArrays) -> np.ndarray:
         parts = [np.asarray(named[k], np.float32).reshape(-1) for k in self.names]
@@ -220,14 +255,42 @@ class Oracle:
         oracle's runs there too, so the gradients are the same bits; only the step
         (the optimizer, what ZeRO shards) is the oracle's own."""
         params = {k: xp.asarray(v) for k, v in self.model_parameters().items()}
+        forward = params
+        if self.quantize_block is not None:
+            forward = {k: xp.asarray(v) for k, v in self.forward_parameters(model).items()}
         losses, grads = [], []
         for j in range(inputs.shape[0]):
             per_rank = []
             for r in range(inputs.shape[1]):
                 x, t = inputs[j, r], targets[j, r]
-                loss, g = loss_and_grads(model, params, x, t, self.loss_scale())
+                loss, g = self.model_gradients(model, params, forward, x, t)
                 losses.append(loss)
                 per_rank.append(g if xp is np else {k: xp.asnumpy(v) for k, v in g.items()})
             grads.append(per_rank)
         self.step(grads, lr)
         return float(np.mean(losses))
+
+    def model_gradients(
+        self, model: Model, params: NamedArrays, forward: NamedArrays, x, targets
+    ) -> tuple[float, dict[str, np.ndarray]]:
+        """One rank's loss and gradients: loss_and_grads, unless qwZ makes forward read
+        `forward` (the dequantized parameters) and backward `params`, unit by unit in
+        the engine's order (zero_ref/engine/step.py's forward_backward)."""
+        if forward is params:
+            return loss_and_grads(model, params, x, targets, self.loss_scale())
+        kept = []  # per unit: its forward's cache, or (checkpointing) its input
+        for unit in model.units:
+            x_in = x
+            x, cache = unit.forward(unit_params_view(unit, forward), x)
+            kept.append(x_in if self.recompute else cache)
+        loss, dout = model.loss(x, targets)
+        if self.loss_scale() is not None:
+            dout = dout * np.float32(self.loss_scale())
+        grads: dict[str, np.ndarray] = {}
+        for i in range(len(model.units) - 1, -1, -1):
+            unit, full = model.units[i], unit_params_view(model.units[i], params)
+            cache = unit.forward(full, kept[i])[1] if self.recompute else kept[i]
+            unit_grads = {s.name: np.empty_like(full[s.name]) for s in unit.param_specs()}
+            dout = unit.backward(full, cache, dout, unit_grads)
+            grads.update({f"{unit.name}.{k}": v for k, v in unit_grads.items()})
+        return loss, grads

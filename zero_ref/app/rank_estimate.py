@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from zero_ref.app.cli import Parsed
 from zero_ref.dtypes import ElementBytes, element_bytes
-from zero_ref.layout.flat import FlatLayout, model_layout
+from zero_ref.layout.flat import FlatLayout, layout_align, model_layout
 from zero_ref.memory_formulas import (
     FP32,
     OverlapBuffers,
@@ -121,7 +121,7 @@ def estimate_rank(
     offload_pool_rows sub-groups instead, and the gradient's landing strip; with
     offload_param (stage 3) the parameter shard is on disk too; overlap_cfg (a
     ZeroConfig): the buffers --overlap-comm and stage 3's prefetch plan add."""
-    layout = model_layout(model, world)
+    layout = model_layout(model, world, 1 if overlap_cfg is None else layout_align(overlap_cfg))
     states = state_bytes(layout, stage, bucket_numel, grad_accum, sizes, overlap_cfg)
     if offload_pool is not None and stage >= 1:
         sub_group, count = offload_pool

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from zero_ref.app.process_memory import PhasePeaks
-from zero_ref.comm.ledger import COPY_KINDS, CommLedger, expected_sent_bytes, paper_sent_bytes
+from zero_ref.comm.ledger import (
+    COPY_KINDS,
+    CommLedger,
+    QuantizedGathers,
+    expected_sent_bytes,
+    paper_sent_bytes,
+)
 from zero_ref.dtypes import ElementBytes
 from zero_ref.memory_formulas import CATEGORIES, FP32, formula_bytes, paper_formula_bytes
 
@@ -139,7 +145,9 @@ def _volume_lines(
         why = []
         if k > 1:
             why.append(f"{k} micro-steps")
-        if stage == 3:
+        if isinstance(gathers, QuantizedGathers):
+            why.append(f"qwZ: forward gathers in int8 + a float32 scale per {gathers.block}")
+        elif stage == 3:
             held = "the units in the buffers" if gathers else "the unit in the buffer"
             why.append(f"no re-gather of {held}")
         if sizes.comm != sizes.param or (stage == 0 and sizes.grad != sizes.param):

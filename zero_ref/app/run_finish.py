@@ -15,7 +15,7 @@ from zero_ref.app.process_memory import PhasePeaks
 from zero_ref.app.report import comm_table, memory_table, rank_report, rss_table
 from zero_ref.app.run_setup import Prepared
 from zero_ref.app.tasks import Task
-from zero_ref.comm.ledger import expected_sent_bytes, paper_sent_bytes
+from zero_ref.comm.ledger import QuantizedGathers, expected_sent_bytes, paper_sent_bytes
 from zero_ref.io.metrics_log import JsonlLog
 from zero_ref.io.tensor_io import SafetensorsWriter
 from zero_ref.io.trace import Trace, write_trace
@@ -98,7 +98,9 @@ def final_record(
         "formula_bytes": formula_bytes(zero.stage, numel, world, k, sizes),
         "unit_padded_numels": unit_numels,
         "paper_sent_bytes": paper_sent_bytes(zero.stage, numel, world, 1, sizes.param),
-        "expected_sent_bytes": expected_sent_bytes(zero.stage, unit_numels, world, k, sizes),
+        "expected_sent_bytes": expected_sent_bytes(
+            zero.stage, unit_numels, world, k, sizes, gathers=_qwz_gathers(engine)
+        ),
         "skipped_steps": skipped,
         "loss_scale": engine.loss_scale(),
         "ranks": reports,
@@ -137,3 +139,9 @@ def sample_text(engine, task: Task, run) -> str | None:
 
     text = task.sample(forward, run.sample_chars, run.seed)
     return text if engine.rank == 0 else None
+
+
+def _qwz_gathers(engine):
+    """Stage 3 with qwZ: its gathers by kind (forward's in int8), for the expected bytes."""
+    gathers = engine.gathers() if engine.cfg.quantized_weights else None
+    return gathers if isinstance(gathers, QuantizedGathers) else None

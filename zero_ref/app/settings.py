@@ -65,6 +65,15 @@ ENGINE = (
     Setting("check_schedule", "engine", "debug: ranks agree on each collective before "
             "entering it, so a mismatch is an error naming both sides instead of a hang "
             "(docs/reliability.md)", bool, feeds=Z + "check_schedule"),
+    Setting("quantized_weights", "engine", "stage 3, ZeRO++'s qwZ: each unit's forward "
+            "all-gather in int8 with one float32 scale per --quantize-block elements, "
+            "dequantized on every rank; backward gathers full precision (docs/zeropp.md)",
+            bool, ds=(ZO + "zero_quantized_weights",), feeds=Z + "quantized_weights"),
+    Setting("quantize_block", "engine", "elements per qwZ block (one scale each); every "
+            "unit is padded to a multiple of world size x block, so blocks never straddle "
+            "two ranks and results do not depend on the world size (DeepSpeed has no key: "
+            "its CUDAQuantizer picks groups near 8000 elements of each rank's partition)",
+            int, minimum=1, cli_range=False, feeds=Z + "quantize_block"),
 )
 PRECISION = (
     Setting("precision", "precision", "fp16/bf16: 16-bit parameters and gradients, fp32 "

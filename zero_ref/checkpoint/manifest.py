@@ -50,7 +50,7 @@ def rank_file_name(rank: int) -> str:
 
 def layout_record(layout: FlatLayout) -> dict[str, Any]:
     """The flat layout as plain data: enough to find any element in the rank files."""
-    return {
+    record = {
         "world_size": layout.world_size,
         "numel": layout.numel,
         "full_numel": layout.full_numel,
@@ -70,6 +70,9 @@ def layout_record(layout: FlatLayout) -> dict[str, Any]:
             for u in layout.units
         ],
     }
+    if layout.align != 1:  # qwZ's blocks: units padded to whole blocks per rank
+        record["align"] = layout.align
+    return record
 
 
 def layout_from_record(record: dict[str, Any], where: str) -> FlatLayout:
@@ -80,7 +83,7 @@ def layout_from_record(record: dict[str, Any], where: str) -> FlatLayout:
             (u["name"], [(t["name"], tuple(t["shape"])) for t in u["tensors"]])
             for u in record["units"]
         ]
-        layout = build_layout(units, int(record["world_size"]))
+        layout = build_layout(units, int(record["world_size"]), int(record.get("align", 1)))
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(
             f"{where}: the layout cannot be read ({type(e).__name__}: {e})"

@@ -37,7 +37,7 @@ from mpi4py import MPI
 
 from zero_ref.comm import schedule
 from zero_ref.comm.ledger import CommLedger
-from zero_ref.comm.nonblocking import NonBlockingCollectives
+from zero_ref.comm.nonblocking import NonBlockingCollectives, check_bytes
 from zero_ref.comm.progress import Progress, progress_for
 from zero_ref.comm.reduction import MPIReduction, OrderedReduction, sum_16bit_words, words_of
 from zero_ref.dtypes import HOST, HostArrays
@@ -178,6 +178,17 @@ class Comm(NonBlockingCollectives):
         self._agree("allgather", send.size, self.arrays.dtype_name(send))
         fn = lambda: self.mpi.Allgather(words_of(send), words_of(recv))  # noqa: E731
         self._timed(kind, send.size, 1, fn, send.dtype.itemsize)
+
+    def allgather_bytes(
+        self, send: np.ndarray, recv: np.ndarray, kind: str = "allgather_int8"
+    ) -> None:
+        """recv (W*n,) uint8 <- every rank's send (n,) uint8, in rank order: bytes that
+        are not floats (qwZ's int8 payload and its scales, zero_ref/quantize.py)."""
+        check_bytes(send, recv, self.size)
+        self.arrays.sync()
+        self._agree("allgather", send.size, "uint8")
+        fn = lambda: self.mpi.Allgather(send, recv)  # noqa: E731
+        self._timed(kind, send.size, 1, fn, 1)
 
     def allgather_in_place(self, buf: np.ndarray) -> None:
         """buf (W*n,): block r <- rank r's block r, for every r (MPI_IN_PLACE)."""

@@ -176,6 +176,23 @@ def paper_sent_bytes(
     return per_collective * {0: 2 * k, 1: k + 1, 2: k + 1, 3: 3 * k}[stage]
 
 
+@dataclass(frozen=True)
+class QuantizedGathers:
+    """Stage 3 with qwZ: each unit's full-precision gathers per step (backward's) and its
+    quantized ones (forward's: int8 values and one float32 scale per `block`)."""
+
+    full: tuple[int, ...]
+    quantized: tuple[int, ...]
+    block: int
+
+
+def quantized_gather_bytes(numel: int, block: int) -> int:
+    """Bytes of one quantized gather of a unit of numel (padded) elements, all ranks'
+    slices together: numel int8 values and 4 bytes per block (what a rank sends is
+    (W-1)/W of it)."""
+    return numel + 4 * (numel // block)
+
+
 def expected_sent_bytes(
     stage: int,
     unit_numels: Sequence[int],
@@ -184,7 +201,7 @@ def expected_sent_bytes(
     sizes: ElementBytes = FP32,
     skipped: bool = False,
     after_skipped: bool = False,
-    gathers: Sequence[int] | None = None,
+    gathers: Sequence[int] | QuantizedGathers | None = None,
 ) -> int:
     """Bytes one rank sends per step for parameters and gradients in zero_ref's schedule.
 
@@ -197,13 +214,22 @@ def expected_sent_bytes(
     nothing, so stages 1-2 gather nothing after it, and at stage 3 the step after
     it (`after_skipped`) finds unit 0 still in the buffer, unchanged. `gathers`: each
     unit's gathers per step where stage 3 holds more than one unit (prefetch buffers,
-    persistent units: zero_ref/engine/gathered_unit.py's gathers_per_step)."""
+    persistent units: zero_ref/engine/gathered_unit.py's gathers_per_step), or with
+    qwZ a QuantizedGathers: forward's gathers then send (W-1)/W * (numel + 4 numel /
+    block) bytes each, backward's their parameters' dtype."""
     psi, k = sum(unit_numels), grad_accum
     fraction = (world_size - 1) / world_size
     if stage == 0:
         return int(fraction * psi * k * (sizes.comm + sizes.grad))
     if stage < 3:
         return int(fraction * psi * (k * sizes.comm + (0 if skipped else sizes.param)))
+    if isinstance(gathers, QuantizedGathers):
+        full = sum(n * c for n, c in zip(unit_numels, gathers.full, strict=True))
+        quantized = sum(
+            quantized_gather_bytes(n, gathers.block) * c
+            for n, c in zip(unit_numels, gathers.quantized, strict=True)
+        )
+        return int(fraction * (sizes.param * full + quantized + sizes.comm * k * psi))
     counts = gathers or stage3_gathers(
         len(unit_numels), grad_accum, held=0 if after_skipped else None
     )

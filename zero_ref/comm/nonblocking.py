@@ -28,6 +28,18 @@ from zero_ref.comm.in_flight import InFlight
 from zero_ref.comm.reduction import isum_16bit_words, words_of
 
 
+def check_bytes(send: np.ndarray, recv: np.ndarray, world: int) -> None:
+    """A bytes gather's buffers: contiguous uint8, recv holding W * send.size bytes."""
+    for buf in (send, recv):
+        if buf.dtype != np.uint8 or not buf.flags.c_contiguous:
+            layout = "contiguous" if buf.flags.c_contiguous else "not contiguous"
+            raise ValueError(
+                f"a bytes gather needs contiguous uint8 buffers; got {buf.dtype}, {layout}"
+            )
+    if send.size * world != recv.size:
+        raise ValueError(f"block of {send.size} bytes x {world} ranks != {recv.size}")
+
+
 class NonBlockingCollectives:
     """Mixed into Comm: its checks, reduction policy, arrays and ledger are the Comm's."""
 
@@ -70,6 +82,17 @@ class NonBlockingCollectives:
         self._agree("allgather", send.size, self.arrays.dtype_name(send))
         request = self.mpi.Iallgather(words_of(send), words_of(recv))
         return self._issued(kind, send.size, send.dtype.itemsize, request, None, (), t0)
+
+    def iallgather_bytes(
+        self, send: np.ndarray, recv: np.ndarray, kind: str = "allgather_int8", lane: str = ""
+    ) -> InFlight:
+        """allgather_bytes, issued: recv (W*n,) uint8 <- every rank's send (n,) uint8."""
+        t0 = time.perf_counter()
+        check_bytes(send, recv, self.size)
+        self.arrays.sync()
+        self._agree("allgather", send.size, "uint8")
+        request = self.mpi.Iallgather(send, recv)
+        return self._issued(kind, send.size, 1, request, None, (), t0)
 
     def iallgather_in_place(self, buf: np.ndarray, lane: str = "") -> InFlight:
         """allgather_in_place, issued: block r of buf <- rank r's block r."""

@@ -28,7 +28,7 @@ from zero_ref.engine.precision import Precision
 from zero_ref.engine.state_io import StateIO
 from zero_ref.engine.step import SharedStep
 from zero_ref.engine.stores import optimizer_store_for, swap_for
-from zero_ref.layout.flat import FlatLayout, UnitLayout, model_layout
+from zero_ref.layout.flat import FlatLayout, UnitLayout, layout_align, model_layout
 from zero_ref.models.unit import Model
 from zero_ref.optim.loss_scale import LossScaleState
 
@@ -63,7 +63,7 @@ class EngineBase(SharedStep, StateIO):
         self.model, self.cfg, self.comm = model, cfg, comm
         self.hooks = hooks or EngineHooks()  # named points for tools (engine/hooks.py)
         self.world, self.rank = comm.size, comm.rank
-        self.layout: FlatLayout = model_layout(model, comm.size)
+        self.layout: FlatLayout = model_layout(model, comm.size, layout_align(cfg))
         self.memory = MemoryLedger()
         self.place = placement_for(cfg.device, self.memory, self.where)  # model-sized arrays
         self.host_place = HostPlacement(self.memory)  # RAM, whatever the device (ZeRO-Offload)
@@ -161,7 +161,7 @@ class EngineBase(SharedStep, StateIO):
         16-bit ones widened (exactly) into the float32 scratch."""
         return self.precision.widened(self.place, self.param_scratch, flat)
 
-    def release_unit_params(self, i: int) -> None:
+    def release_unit_params(self, i: int, forward: bool = False) -> None:
         """Stage 3 frees the gathered unit here; below it there is nothing to free."""
 
     def _zeroed_scratch(self, unit: UnitLayout) -> np.ndarray:

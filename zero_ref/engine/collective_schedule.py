@@ -71,6 +71,11 @@ class BlockingSchedule:
         self.comm.allgather(shard, out)
         return Pending("allgather")
 
+    def gather_unit_bytes(self, send: np.ndarray, recv: np.ndarray, lane: int = 0) -> Pending:
+        """Stage 3 with qwZ: recv <- every rank's quantized slice of a unit (bytes)."""
+        self.comm.allgather_bytes(send, recv)
+        return Pending("allgather_int8")
+
     def gather_updated(self, unit_params: np.ndarray, lane: int = 0) -> Pending:
         """Stages 1-2: every rank's updated block of a unit, in place."""
         self.comm.allgather_in_place(unit_params)
@@ -114,6 +119,9 @@ class OverlappingSchedule(BlockingSchedule):
 
     def gather_unit(self, shard: np.ndarray, out: np.ndarray, lane: int = 0) -> InFlight:
         return self.comm.iallgather(shard, out, lane=f"gather {lane}")
+
+    def gather_unit_bytes(self, send: np.ndarray, recv: np.ndarray, lane: int = 0) -> InFlight:
+        return self.comm.iallgather_bytes(send, recv, lane=f"gather {lane}")
 
     def gather_updated(self, unit_params: np.ndarray, lane: int = 0) -> InFlight:
         """Stages 1-2: `lane` is the unit's index (every unit's gather is in flight)."""

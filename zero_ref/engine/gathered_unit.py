@@ -29,6 +29,13 @@ gathered unit at a time.
 
 Units smaller than the persistence threshold (stage3_param_persistence_threshold)
 have a buffer of their own, gathered at first use after each update and kept.
+
+What a buffer holds is keyed by (unit, quantized): with qwZ (ZeRO++'s quantized
+weights) forward reads a unit dequantized from an int8 gather and backward reads it
+gathered in full precision, so the two are different contents and a HELD forward copy
+never serves backward (the last unit's forward-to-backward reuse goes, and so does
+unit 0's backward-to-next-forward reuse). Without qwZ every key is (unit, False) and
+both reuses stay. A plain int i is the key (i, False).
 """
 
 from __future__ import annotations
@@ -39,6 +46,13 @@ from enum import Enum
 import numpy as np
 
 from zero_ref.memory_formulas import PrefetchPlan
+
+Key = tuple[int, bool]  # (unit, quantized): what a buffer holds
+
+
+def key_of(k: int | Key) -> Key:
+    """A unit's key: (i, quantized) as given, or a plain unit index as (i, False)."""
+    return k if isinstance(k, tuple) else (int(k), False)
 
 
 class UnitState(Enum):
@@ -53,12 +67,12 @@ class Slot:
 
     def __init__(self, buffer: np.ndarray) -> None:
         self.buffer = buffer
-        self.state, self.unit, self.pending = UnitState.EMPTY, None, None
+        self.state, self.unit, self.pending = UnitState.EMPTY, None, None  # unit: a Key
 
 
-# issue(i, out, lane) -> a Pending; complete(i, pending): wait for it and finish up
-Issue = Callable[[int, np.ndarray, int], object]
-Complete = Callable[[int, object], None]
+# issue(key, out, lane) -> a Pending; complete(key, pending): wait for it and finish up
+Issue = Callable[[Key, np.ndarray, int], object]
+Complete = Callable[[Key, object], None]
 
 
 class GatheredUnits:
@@ -83,10 +97,11 @@ class GatheredUnits:
         return self.slots[0].buffer
 
     # ---- the states
-    def acquire(self, i: int, upcoming: Iterable[int] = ()) -> np.ndarray:
+    def acquire(self, i: int | Key, upcoming: Iterable[int | Key] = ()) -> np.ndarray:
         """Unit i's padded parameters, IN_USE; then the upcoming units gathered ahead."""
-        upcoming = list(self._window(i, upcoming))
-        slot = self.kept.get(i) or self._holding(i)
+        i = key_of(i)
+        upcoming = list(self._window(i, map(key_of, upcoming)))
+        slot = self._kept(i) or self._holding(i)
         if slot is None:
             slot = self._gather_now(i, upcoming)
         elif slot.state is UnitState.EMPTY:  # a persistent unit's first use since the update
@@ -96,11 +111,12 @@ class GatheredUnits:
             self._finish(slot)
         slot.state = UnitState.IN_USE
         self._prefetch(upcoming)
-        return slot.buffer[: self.numel_of(i)]
+        return slot.buffer[: self.numel_of(i[0])]
 
-    def release(self, i: int) -> None:
+    def release(self, i: int | Key) -> None:
         """Compute is done with unit i; its values stay until the buffer is needed."""
-        slot = self.kept.get(i) or self._holding(i)
+        i = key_of(i)
+        slot = self._kept(i) or self._holding(i)
         assert slot is not None and slot.state is UnitState.IN_USE, (
             f"unit {i} released while not in use"
         )
@@ -133,13 +149,17 @@ class GatheredUnits:
 
     def states(self) -> list[tuple[str, int | None]]:
         """(state, unit) of each buffer: what tests and the trace look at."""
-        return [(s.state.value, s.unit) for s in self.slots]
+        return [(s.state.value, None if s.unit is None else s.unit[0]) for s in self.slots]
 
     # ---- where a unit goes
-    def _holding(self, i: int) -> Slot | None:
+    def _kept(self, i: Key) -> Slot | None:
+        """A persistent unit's own buffer (never a quantized gather: config.py refuses)."""
+        return self.kept.get(i[0]) if not i[1] else None
+
+    def _holding(self, i: Key) -> Slot | None:
         return next((s for s in self.slots if s.unit == i), None)
 
-    def _gather_now(self, i: int, upcoming: list[int]) -> Slot:
+    def _gather_now(self, i: Key, upcoming: list[Key]) -> Slot:
         """Unit i is in no buffer: gather it into a free one (one is always freed: a
         prefetched unit not used is waited for and dropped)."""
         slot = self._free(protect=set(upcoming)) or self._free(protect=set())
@@ -149,22 +169,22 @@ class GatheredUnits:
         self._start(slot, i)
         return slot
 
-    def _window(self, i: int, upcoming: Iterable[int]) -> Iterable[int]:
+    def _window(self, i: Key, upcoming: Iterable[Key]) -> Iterable[Key]:
         """The upcoming units a prefetch may gather: distinct, not i, not persistent,
         within the plan's unit and element limits."""
         seen, numel = {i}, 0
         for j in upcoming:
             if len(seen) > self.plan.ahead_units:
                 return
-            if j in seen or j in self.plan.persistent:
+            if j in seen or j[0] in self.plan.persistent:
                 continue
-            numel += self.numel_of(j)
+            numel += self.numel_of(j[0])
             if numel > self.plan.ahead_numel:
                 return
             seen.add(j)
             yield j
 
-    def _prefetch(self, upcoming: list[int]) -> None:
+    def _prefetch(self, upcoming: list[Key]) -> None:
         """Gather the window's units not yet in a buffer, while buffers are free."""
         for j in upcoming:
             if self._holding(j) is None:
@@ -173,7 +193,7 @@ class GatheredUnits:
                     return
                 self._start(slot, j)
 
-    def _free(self, protect: set[int]) -> Slot | None:
+    def _free(self, protect: set[Key]) -> Slot | None:
         """An EMPTY buffer, else a HELD one whose unit is not about to be read."""
         for state in (UnitState.EMPTY, UnitState.HELD):
             for slot in self.slots:
@@ -181,12 +201,12 @@ class GatheredUnits:
                     return slot
         return None
 
-    def _start(self, slot: Slot, i: int) -> None:
+    def _start(self, slot: Slot, i: Key) -> None:
         assert slot.state in (UnitState.EMPTY, UnitState.HELD), (
             f"a gather into a buffer {slot.state.value} with unit {slot.unit}"
         )
         lane = self.slots.index(slot) if slot in self.slots else len(self.slots)
-        slot.pending = self.issue(i, slot.buffer[: self.numel_of(i)], lane)
+        slot.pending = self.issue(i, slot.buffer[: self.numel_of(i[0])], lane)
         slot.state, slot.unit = UnitState.IN_FLIGHT, i
 
     def _finish(self, slot: Slot) -> None:
@@ -195,26 +215,43 @@ class GatheredUnits:
         slot.pending, slot.state = None, UnitState.HELD
 
 
-def gathers_per_step(plan: PrefetchPlan, unit_numels: list[int], grad_accum: int) -> list[int]:
+def gathers_per_step(
+    plan: PrefetchPlan, unit_numels: list[int], grad_accum: int, quantized: bool = False
+) -> list[int]:
     """How often each unit is all-gathered in one step (after an update: nothing held)
     under `plan`: this module's own policy run over the step's order of units (engine/
     step.py's: forward, then backward, per micro-step) with gathers counted, not made.
-    The blocking plan gives comm/ledger.py's stage3_gathers."""
-    counts = [0] * len(unit_numels)
+    The blocking plan gives comm/ledger.py's stage3_gathers. quantized (qwZ): forward's
+    keys are (i, True); the counts are then of both kinds (gathers_by_kind splits them)."""
+    full, forward = gathers_by_kind(plan, unit_numels, grad_accum, quantized)
+    return [a + b for a, b in zip(full, forward, strict=True)]
 
-    def issue(i: int, out: np.ndarray, lane: int) -> None:
-        counts[i] += 1
+
+def gathers_by_kind(
+    plan: PrefetchPlan, unit_numels: list[int], grad_accum: int, quantized: bool
+) -> tuple[list[int], list[int]]:
+    """Each unit's full-precision gathers and quantized (qwZ forward) gathers per step."""
+    counts = {True: [0] * len(unit_numels), False: [0] * len(unit_numels)}
+
+    def issue(key: Key, out: np.ndarray, lane: int) -> None:
+        counts[key[1]][key[0]] += 1
 
     empty = [np.empty(0, np.uint8)] * plan.buffers
     kept = {i: np.empty(0, np.uint8) for i in plan.persistent}
     units = GatheredUnits(empty, kept, plan, unit_numels.__getitem__, issue, lambda i, p: None)
-    n = len(unit_numels)
+    n, q = len(unit_numels), quantized
     for micro in range(grad_accum):
         for i in range(n):
-            units.acquire(i, [*range(i + 1, n), *range(n - 1, -1, -1)])
-            units.release(i)
+            ahead = [
+                *((j, q) for j in range(i + 1, n)),
+                *((j, False) for j in range(n - 1, -1, -1)),
+            ]
+            units.acquire((i, q), ahead)
+            units.release((i, q))
         again = list(range(n)) if micro < grad_accum - 1 else []
         for i in range(n - 1, -1, -1):
-            units.acquire(i, [*range(i - 1, -1, -1), *again])
-            units.release(i)
-    return counts
+            units.acquire(
+                (i, False), [*((j, False) for j in range(i - 1, -1, -1)), *((j, q) for j in again)]
+            )
+            units.release((i, False))
+    return counts[False], counts[True]

@@ -54,7 +54,7 @@ class Stage0DataParallel(EngineBase):
     def _optimizer_numel(self) -> int:
         return self.layout.full_numel
 
-    def unit_params(self, i: int, upcoming=()) -> dict[str, np.ndarray]:
+    def unit_params(self, i: int, upcoming=(), forward: bool = False) -> dict[str, np.ndarray]:
         """Unit i's parameters as the model reads them (`upcoming`: the units the step
         reads next, in order, for a stage that gathers ahead; unused here)."""
         unit = self.layout.units[i]

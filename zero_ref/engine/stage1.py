@@ -99,7 +99,7 @@ class Stage1OptimizerSharded(Stage0DataParallel):
         """Unit i's full gradient into the buckets, which reduce each one it completes."""
         self.buckets.unit_ready(i, self.full_grads[self.layout.units[i].full_slice()], micro)
 
-    def unit_params(self, i: int, upcoming=()) -> dict[str, np.ndarray]:
+    def unit_params(self, i: int, upcoming=(), forward: bool = False) -> dict[str, np.ndarray]:
         """Unit i's parameters, once its all-gather of the last update is complete."""
         pending = self.updated_gathers.pop(i, None)
         if pending is not None:

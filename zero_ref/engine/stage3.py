@@ -9,6 +9,11 @@ follows the step. With --overlap-comm the next units are gathered ahead into
 more buffers while this one computes (the prefetch: zero_ref/engine/
 gathered_unit.py), within the plan's budget; units under the persistence
 threshold keep a buffer of their own.
+
+With qwZ (cfg.quantized_weights, ZeRO++) the forward gathers send int8 and block
+scales instead (zero_ref/engine/quantized_gather.py) and backward gathers full
+precision, as DeepSpeed's stage 3 does: its backward all-gather is unquantized
+unless hpZ's secondary copy serves it.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from zero_ref.engine.gathered_unit import GatheredUnits, gathers_per_step
+from zero_ref.comm.ledger import QuantizedGathers
+from zero_ref.engine.gathered_unit import GatheredUnits, Key, gathers_by_kind, gathers_per_step
 from zero_ref.engine.init_source import InitSource
+from zero_ref.engine.quantized_gather import QuantizedGather
 from zero_ref.engine.stage2 import Stage2GradientsSharded
 from zero_ref.engine.stores import param_store_for
 from zero_ref.layout.flat import FlatLayout, Owned, shard_range, tensor_views
@@ -38,6 +45,7 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
         self.master = p.master_for(self.shard_params, self._new_master)
         self._fill_shards(source)
         self.gathered = self._gathered_units()  # EMPTY; gathered, used, released per unit
+        self.qwz = self._quantized_gather()  # None without quantized weights
         self._init_compute_scratch()
 
     def _gathered_units(self) -> GatheredUnits:
@@ -56,6 +64,15 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
         }
         numel = lambda i: units[i].padded_numel  # noqa: E731
         return GatheredUnits(buffers, kept, plan, numel, self._issue_gather, self._complete_gather)
+
+    def _quantized_gather(self) -> QuantizedGather | None:
+        """qwZ's byte buffers, one send/receive pair per gathered-unit buffer (lane)."""
+        if not self.cfg.quantized_weights:
+            return None
+        lanes, wide = len(self.gathered.slots), self.layout.widest_unit_numel
+        return QuantizedGather(
+            self.place, lanes, wide // self.world, self.world, self.cfg.quantize_block
+        )
 
     def _fill_params(self, source: InitSource) -> None:
         """Resuming: the shards from the source; a gathered copy is stale after."""
@@ -76,32 +93,42 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
                 self.release_pages(written)
             self.release_pages(self.master[mine])
 
-    def unit_params(self, i: int, upcoming=()) -> dict[str, np.ndarray]:
+    def unit_params(self, i: int, upcoming=(), forward: bool = False) -> dict[str, np.ndarray]:
         """Unit i's full parameters, all-gathered into a reused buffer unless one
         already holds them (the last unit's forward is followed by its backward, and
-        unit 0's backward by the next micro-step's forward: no gather there); then the
-        upcoming units are gathered ahead, as the plan allows."""
-        full = self.gathered.acquire(i, upcoming)
+        unit 0's backward by the next micro-step's forward: no gather there, unless
+        qwZ makes forward's copy a quantized one); then the upcoming units (pairs
+        (j, forward?) from the step) are gathered ahead, as the plan allows."""
+        ahead = (self._key(*u) if isinstance(u, tuple) else self._key(u) for u in upcoming)
+        full = self.gathered.acquire(self._key(i, forward), ahead)
         return tensor_views(self._widened(full), self.layout.units[i])
 
-    def _issue_gather(self, i: int, out: np.ndarray, lane: int):
-        """Issue out <- unit i's parameters from every rank's shard; None: nothing to
-        gather (an empty unit)."""
+    def _key(self, i: int, forward: bool = False) -> Key:
+        """What a gather of unit i holds: quantized in forward with qwZ, else full."""
+        return (int(i), bool(forward and self.qwz is not None))
+
+    def _issue_gather(self, key: Key, out: np.ndarray, lane: int):
+        """Issue out <- unit i's parameters from every rank's shard (int8 and scales for
+        a quantized key); None: nothing to gather (an empty unit)."""
+        i, quantized = key
         if not out.size:
             return None
         send = self.shard_params[self.layout.units[i].shard_slice()]
+        if quantized:
+            where = f"unit {self.layout.units[i].name} (rank {self.rank}'s parameter slice)"
+            return self.qwz.issue(self.schedule, send, out, lane, where)
         return self.schedule.gather_unit(send, out, lane)
 
-    def _complete_gather(self, i: int, pending) -> None:
+    def _complete_gather(self, key: Key, pending) -> None:
         """Wait for unit i's gather; then the parameter store drops its slice from RAM
         and reads its neighbours ahead, when they are on NVMe."""
         if pending is not None:
             self.schedule.wait(pending)
-            self.param_store.after_gather(self.shard_params, self.layout, i, self.trace)
+            self.param_store.after_gather(self.shard_params, self.layout, key[0], self.trace)
 
-    def release_unit_params(self, i: int) -> None:
+    def release_unit_params(self, i: int, forward: bool = False) -> None:
         """Compute is done with unit i: the buffer is HELD (the next gather reuses it)."""
-        self.gathered.release(i)
+        self.gathered.release(self._key(i, forward))
 
     def owned_slices(self) -> list[Owned]:
         if self.layout.shard_numel == 0:
@@ -126,11 +153,17 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
     def _kept_whole(self) -> tuple[np.ndarray, ...]:
         return ()
 
-    def gathers(self) -> list[int] | None:
+    def gathers(self) -> list[int] | QuantizedGathers | None:
+        """Each unit's gathers per step where they are not comm/ledger.py's
+        stage3_gathers: with prefetch buffers or persistent units, and with qwZ (whose
+        forward gathers are counted apart, in int8 and scales)."""
         plan = self.gathered.plan
+        numels = [u.padded_numel for u in self.layout.units]
+        if self.qwz is not None:
+            full, forward = gathers_by_kind(plan, numels, self.cfg.grad_accum, True)
+            return QuantizedGathers(tuple(full), tuple(forward), self.cfg.quantize_block)
         if plan.buffers == 1 and not plan.persistent:
             return None
-        numels = [u.padded_numel for u in self.layout.units]
         return gathers_per_step(plan, numels, self.cfg.grad_accum)
 
     def settle(self) -> None:

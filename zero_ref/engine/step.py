@@ -76,12 +76,12 @@ class SharedStep:
         for i, unit in enumerate(self.model.units):
             self.comm.set_context(where=f"micro-step {micro} forward {unit.name}")
             x_in = x
-            ahead = chain(range(i + 1, n), range(n - 1, -1, -1))  # the rest of forward, backward
-            params = self.unit_params(i, ahead)  # stage 3 gathers here, outside the unit's span
+            ahead = chain(_phase(range(i + 1, n), True), _phase(range(n - 1, -1, -1), False))
+            params = self.unit_params(i, ahead, forward=True)  # stage 3 gathers here
             with self._span(f"forward {unit.name}", micro=micro):
                 x, cache = unit.forward(params, x)
             params = None
-            self.release_unit_params(i)
+            self.release_unit_params(i, forward=True)
             self.schedule.poke()  # a unit boundary: let what is in flight progress
             kept.append(x_in if self.cfg.checkpoint_activations else cache)
             cache = None
@@ -91,7 +91,8 @@ class SharedStep:
             unit = self.model.units[i]
             self.comm.set_context(where=f"micro-step {micro} backward {unit.name}")
             again = range(n) if micro < self.cfg.grad_accum - 1 else ()  # the next micro-step
-            params = self.unit_params(i, chain(range(i - 1, -1, -1), again))
+            ahead = chain(_phase(range(i - 1, -1, -1), False), _phase(again, True))
+            params = self.unit_params(i, ahead)
             with self._span(f"backward {unit.name}", micro=micro):
                 if self.cfg.checkpoint_activations:
                     cache = unit.forward(params, kept[i])[1]  # the forward again, for its cache
@@ -196,6 +197,12 @@ class SharedStep:
         at stage 3, which gathers each unit: every rank must call it with the same x)."""
         n = len(self.model.units)
         for i, unit in enumerate(self.model.units):
-            x, _ = unit.forward(self.unit_params(i, range(i + 1, n)), x)
-            self.release_unit_params(i)
+            x, _ = unit.forward(self.unit_params(i, _phase(range(i + 1, n), True), forward=True), x)
+            self.release_unit_params(i, forward=True)
         return self.place.to_host(x)  # a device's output copied to host memory
+
+
+def _phase(units, forward: bool):
+    """(unit, forward?) pairs: the units the step reads next, and for which pass (stage
+    3's qwZ gathers forward's quantized, backward's in full precision)."""
+    return ((j, forward) for j in units)

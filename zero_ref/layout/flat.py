@@ -4,7 +4,10 @@ Pure integer math, no MPI. Each *unit* (layer) of the model becomes one
 contiguous range of the full buffer, padded with zeros to a multiple of the
 world size, so that every rank owns an equal slice of every unit (as FSDP's
 flat parameters and DeepSpeed stage 3's partitions do, shard boundaries cut
-straight through tensors). Equal slices let the engine use Reduce_scatter_block
+straight through tensors). With an `align` of a block size (ZeRO++'s qwZ, zero_ref/
+quantize.py) each unit is padded to a multiple of world_size * align instead, so every
+rank's slice is a whole number of blocks and block b is the unit's elements
+[b*align, (b+1)*align) at every world size. Equal slices let the engine use Reduce_scatter_block
 and Allgather instead of their uneven v-variants; scripts/bench_layout.py
 measures why (docs/architecture.md quotes it).
 
@@ -91,6 +94,7 @@ class FlatLayout:
 
     units: tuple[UnitLayout, ...]
     world_size: int
+    align: int = 1  # each unit padded to a multiple of world_size * align
 
     @property
     def numel(self) -> int:
@@ -122,11 +126,15 @@ class FlatLayout:
 
 
 def build_layout(
-    units: Sequence[tuple[str, Sequence[tuple[str, Shape]]]], world_size: int
+    units: Sequence[tuple[str, Sequence[tuple[str, Shape]]]], world_size: int, align: int = 1
 ) -> FlatLayout:
-    """Lay out [(unit name, [(tensor name, shape), ...]), ...] for world_size ranks."""
+    """Lay out [(unit name, [(tensor name, shape), ...]), ...] for world_size ranks, each
+    unit padded to a multiple of world_size * align (align 1: of world_size; a block
+    size: every rank's slice whole blocks, up to world_size * align - 1 zeros a unit)."""
     if world_size < 1:
         raise ValueError(f"world_size={world_size} is not allowed: it must be >= 1")
+    if not isinstance(align, int) or isinstance(align, bool) or align < 1:
+        raise ValueError(f"align={align!r} is not allowed: it must be an integer >= 1")
     built, full_offset, shard_offset, seen = [], 0, 0, set()
     for unit_name, tensors in units:
         slots, offset = [], 0
@@ -144,7 +152,7 @@ def build_layout(
             unit_name,
             tuple(slots),
             offset,
-            padded_numel(offset, world_size),
+            padded_numel(offset, world_size * align),
             full_offset,
             shard_offset,
             world_size,
@@ -152,16 +160,23 @@ def build_layout(
         built.append(unit)
         full_offset += unit.padded_numel
         shard_offset += unit.shard_numel
-    return FlatLayout(tuple(built), world_size)
+    return FlatLayout(tuple(built), world_size, align)
 
 
-def model_layout(model, world_size: int) -> FlatLayout:
+def model_layout(model, world_size: int, align: int = 1) -> FlatLayout:
     """The layout of a model's units (zero_ref/models/unit.py: each has a `name` and
     `param_specs()`), in forward order: what an engine and the estimate both build."""
     return build_layout(
         [(u.name, [(s.name, s.shape) for s in u.param_specs()]) for u in model.units],
         world_size,
+        align,
     )
+
+
+def layout_align(cfg) -> int:
+    """The alignment a ZeroConfig asks for: qwZ's block size with quantized weights (its
+    blocks never straddle two ranks' slices), else 1."""
+    return cfg.quantize_block if getattr(cfg, "quantized_weights", False) else 1
 
 
 def tensor_views(unit_buffer: np.ndarray, unit: UnitLayout) -> dict[str, np.ndarray]:

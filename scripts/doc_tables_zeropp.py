@@ -1,0 +1,55 @@
+"""The renderers of docs/zeropp.md's measured tables (scripts/doc_tables.py calls them):
+qwZ's padding and its quantization error per block, from scripts/quantize_error.py's
+recorded results."""
+
+from __future__ import annotations
+
+from doc_tables_render import Result, measured_by, table
+
+
+def qwz_padding(large: Result, small: Result) -> str:
+    """The layout's elements aligned to W x block against the plain one, two blocks."""
+    a, b = large.data, small.data
+    rows = [
+        [
+            str(p["world"]),
+            f"{p['plain_padded']:,}",
+            f"{p['aligned_padded']:,}",
+            f"+{100 * p['extra_fraction']:.1f} %",
+            f"{q['aligned_padded']:,}",
+            f"+{100 * q['extra_fraction']:.1f} %",
+        ]
+        for p, q in zip(a["padding"], b["padding"], strict=True)
+    ]
+    header = [
+        "ranks",
+        "padded elements, plain",
+        f"aligned to W x {a['block']}",
+        "extra",
+        f"aligned to W x {b['block']}",
+        "extra",
+    ]
+    return f"{measured_by(large, small)}\n\n{table(header, rows)}"
+
+
+def qwz_error(*results: Result) -> str:
+    """max |x - x'| / amax per block, its mean, and the RMS error, per recorded run."""
+    rows = [
+        [
+            "initial (seed 0)" if r.data["source"].startswith("initial") else "trained",
+            f"{r.data['blocks']} of {r.data['block']}",
+            f"{r.data['max_rel_error']:.7f}",
+            f"{r.data['mean_rel_error']:.7f}",
+            f"{r.data['mean_rms_rel_error']:.5f}",
+        ]
+        for r in results
+    ]
+    header = ["parameters", "blocks", "max err / amax", "mean per-block max", "mean RMS / amax"]
+    bound = results[0].data["bound"]
+    return (
+        f"{measured_by(*results)}\n\n{table(header, rows)}\n\n"
+        f"The bound is half an int8 step of amax, 0.5 / 127 = {bound:.7f}."
+    )
+
+
+RENDERERS = {f.__name__: f for f in (qwz_padding, qwz_error)}

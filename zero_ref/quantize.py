@@ -1,0 +1,141 @@
+"""Block quantization: float32 values as int8 with one float32 scale per block (ZeRO++'s
+qwZ, Wang et al. 2023, Sec. 3.1: the forward all-gather of stage 3 in int8).
+
+The rule, in both twins (the Numba kernel and its NumPy reference, bitwise equal;
+tests/test_quantize.py checks them element by element):
+
+  amax   = max |x| over the block of `block` elements, in float32
+  scale  = float32(amax / 127)                     (float32 division, to nearest even)
+  q      = clip(rint(float32(x / scale)), -127, 127) as int8   (rint: ties to even)
+           (scale 0, an all-zero block or one whose amax/127 underflows: q = 0)
+  x'     = float32(q) * scale                      (float32 product, to nearest even)
+
+Symmetric: -128 is never used, so q and -q both exist. The clip matters only when
+scale is subnormal (amax < 127 * 2^-126): its rounding can then be far enough below
+amax/127 that |x / scale| passes 127.5; for every normal scale |x / scale| <= 127
+to within one float32 ulp and rint gives at most 127.
+
+A NaN or Inf anywhere in a block has no meaningful scale (amax/127 is Inf or NaN,
+and every value in the block would dequantize to NaN), and a block whose amax is so
+close to float32's largest value that 127 * scale rounds up to Inf cannot be
+dequantized: the kernels report the first such block and the caller refuses with an
+error naming the unit (NonFiniteParameterError). Parameters are finite in a healthy
+run: fp16's overflow is caught on the gradients, whose step is skipped, so a
+non-finite parameter is a bug to report, not a value to pass along as NaNs.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+QMAX = 127  # symmetric int8: q in [-127, 127]
+SCALE_BYTES = 4  # one float32 scale per block
+
+
+class NonFiniteParameterError(ValueError):
+    """A block to quantize holds a NaN or Inf."""
+
+
+def check_blocks(numel: int, block: int) -> int:
+    """The number of blocks of a buffer of numel elements (a whole number, or an error)."""
+    if block < 1:
+        raise ValueError(f"block={block} is not allowed: it must be >= 1")
+    if numel % block:
+        raise ValueError(f"{numel} elements do not split into blocks of {block}")
+    return numel // block
+
+
+def payload_bytes(numel: int, block: int) -> int:
+    """Bytes of numel quantized elements: numel int8 values, then one float32 per block."""
+    return numel + SCALE_BYTES * check_blocks(numel, block)
+
+
+# ---- the NumPy twin
+def quantize_reference(x: np.ndarray, block: int, q: np.ndarray, scales: np.ndarray) -> int:
+    """q (numel,) int8, scales (numel/block,) float32 <- x (numel,) float32; returns the
+    index of the first block holding a NaN/Inf (its q and scale unspecified), or -1."""
+    rows = x.reshape(-1, block)  # (blocks, block)
+    amax = np.max(np.abs(rows), axis=1, initial=np.float32(0))
+    with np.errstate(over="ignore"):
+        scale = np.divide(amax, np.float32(QMAX), dtype=np.float32)
+        bad = ~np.isfinite(np.multiply(scale, np.float32(QMAX), dtype=np.float32))
+    if bad.any():
+        return int(np.argmax(bad))
+    safe = np.where(scale == 0, np.float32(1), scale)[:, None]
+    ratio = np.divide(rows, safe, dtype=np.float32)
+    ratio = np.where(scale[:, None] == 0, np.float32(0), np.clip(np.rint(ratio), -QMAX, QMAX))
+    q.reshape(-1, block)[...] = ratio.astype(np.int8)
+    scales[...] = scale
+    return -1
+
+
+def dequantize_reference(q: np.ndarray, scales: np.ndarray, block: int, out: np.ndarray) -> None:
+    """out (numel,) float32 <- float32(q) * its block's scale."""
+    rows = q.reshape(-1, block).astype(np.float32)
+    out.reshape(-1, block)[...] = np.multiply(rows, scales[:, None], dtype=np.float32)
+
+
+# ---- the Numba kernels (same steps)
+@numba.njit(cache=True, nogil=True)
+def quantize_kernel(x, block, q, scales):  # pragma: no cover - compiled
+    for b in range(x.size // block):
+        lo = b * block
+        amax = np.float32(0)
+        finite = True
+        for k in range(lo, lo + block):
+            a = np.float32(abs(x[k]))
+            if not np.isfinite(a):
+                finite = False
+            elif a > amax:
+                amax = a
+        scale = np.float32(amax / np.float32(QMAX))
+        if not finite or not np.isfinite(np.float32(scale * np.float32(QMAX))):
+            return b
+        scales[b] = scale
+        for k in range(lo, lo + block):
+            if scale == 0:
+                q[k] = 0
+            else:
+                r = np.rint(np.float32(x[k] / scale))
+                q[k] = np.int8(min(max(r, -QMAX), QMAX))
+    return -1
+
+
+@numba.njit(cache=True, nogil=True)
+def dequantize_kernel(q, scales, block, out):  # pragma: no cover - compiled
+    for b in range(q.size // block):
+        scale = scales[b]
+        for k in range(b * block, (b + 1) * block):
+            out[k] = np.float32(np.float32(q[k]) * scale)
+
+
+# ---- what callers use
+def quantize(x: np.ndarray, block: int, q: np.ndarray, scales: np.ndarray, what: str) -> None:
+    """q, scales <- x's blocks (the kernel); a NaN/Inf refuses, naming `what` and where."""
+    check_blocks(x.size, block)
+    bad = quantize_kernel(x, block, q, scales)
+    if bad >= 0:
+        raise NonFiniteParameterError(
+            f"{what}: block {bad} (elements [{bad * block}, {(bad + 1) * block}) of this "
+            "rank's slice) holds a NaN or Inf; quantized weights (qwZ) need finite parameters"
+        )
+
+
+def dequantize(q: np.ndarray, scales: np.ndarray, block: int, out: np.ndarray) -> None:
+    """out float32 <- q's blocks times their scales (the kernel)."""
+    check_blocks(q.size, block)
+    dequantize_kernel(q, scales, block, out)
+
+
+def quantized_copy(x: np.ndarray, block: int, what: str = "values") -> np.ndarray:
+    """x' = dequantize(quantize(x)) as a new float32 array (x padded with zeros to whole
+    blocks, the padding dropped after): what the oracle's forward reads."""
+    n = x.size
+    padded = np.zeros(-(-n // block) * block, np.float32)
+    padded[:n] = x
+    q = np.empty(padded.size, np.int8)
+    scales = np.empty(padded.size // block, np.float32)
+    quantize(padded, block, q, scales, what)
+    dequantize(q, scales, block, padded)
+    return padded[:n]
