@@ -90,7 +90,10 @@ def options(model: st.SearchStrategy, deterministic: bool, worlds: list[int]):
                 "deterministic": st.just(deterministic),
                 "offload": offload_options(mixed=deterministic),
                 "overlap": overlap_options(),
-                "qwz": qwz_options(),
+                # drawn in deterministic mode only: in fast mode MPI's order of a sum can
+                # move a weight across an int8 rounding tie, a jump of one scale step the
+                # fast-mode tolerance is not meant to cover (a pinned example stays)
+                "qwz": qwz_options() if deterministic else st.none(),
             }
         )
         .map(offload_allowed)
