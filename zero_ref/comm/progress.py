@@ -10,8 +10,8 @@ policies here are the ways to do that; docs/overlap_progress.md has the measurem
 chose the default.
 
   test    poke() calls MPI_Test; the engine pokes at unit boundaries. The default: on
-          4 ranks sharing 2 cores across a 200 Mbit/s link it hid 0.6-0.8 of each
-          collective, where both threads below made the step slower.
+          4 ranks sharing 2 cores across a 200 Mbit/s link it hid 0.54-0.94 of each
+          collective of 4 MiB or more, more than either thread below.
   thread  a Python thread calls MPI_Test in a loop while compute releases the GIL
           (BLAS and Numba nogil kernels do). Needs MPI_THREAD_MULTIPLE.
   mpich   MPICH's own progress thread (MPIR_CVAR_ASYNC_PROGRESS=1 at MPI_Init).
