@@ -105,6 +105,8 @@ class _Pump:
         self.request.Test()
 
     def close(self) -> None:
+        if self.comm == MPI.COMM_NULL:  # closed already
+            return
         self.request.Cancel()
         self.request.Wait()
         self.comm.Free()
