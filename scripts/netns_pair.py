@@ -30,6 +30,9 @@ exec ip netns exec "$ns" sh -c "$*"
 """
 
 
+PLACEMENTS = ("block", "cyclic")
+
+
 class NetnsError(RuntimeError):
     """The namespaces could not be made (not root, no `ip`, no netns support)."""
 
@@ -166,13 +169,19 @@ class NetnsPair:
                 return int(fields[0]), int(fields[8])
         raise KeyError(f"{self.dev} not in the first host's /proc/net/dev")
 
-    def mpiexec(self, per_host: int, argv: list[str], env: dict[str, str]) -> list[str]:
-        """The command that runs argv on 2 x per_host ranks, ranks 0..per_host-1 on the
-        first host, with UCX forced onto TCP over the veth (so the hosts' ranks really
-        exchange their bytes over the link) and env passed to every rank."""
+    def mpiexec(
+        self, per_host: int, argv: list[str], env: dict[str, str], placement: str = "block"
+    ) -> list[str]:
+        """The command that runs argv on 2 x per_host ranks, with UCX forced onto TCP over
+        the veth (so the hosts' ranks really exchange their bytes over the link) and env
+        passed to every rank. placement "block": ranks 0..per_host-1 on the first host;
+        "cyclic": even ranks on the first host, odd ranks on the second."""
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement {placement!r}: allowed are {', '.join(PLACEMENTS)}")
         mpiexec = Path(sys.executable).with_name("mpiexec")
         genv = {**env, "UCX_TLS": "tcp", "UCX_NET_DEVICES": self.dev}
-        hosts = ",".join(f"{a}:{per_host}" for a in self.addr)
+        slots = per_host if placement == "block" else 1  # Hydra wraps round the host list
+        hosts = ",".join(f"{a}:{slots}" for a in self.addr)
         cmd = ["ip", "netns", "exec", self.ns[0], str(mpiexec), "-launcher", "rsh"]
         cmd += ["-launcher-exec", str(self.launcher), "-localhost", self.addr[0]]
         cmd += ["-hosts", hosts, "-n", str(2 * per_host)]
