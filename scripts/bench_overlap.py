@@ -85,7 +85,7 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--steps", type=int, default=20, help="steps per run (default: 20)")
     p.add_argument("--burst", type=int, default=1600, help="tbf burst, bytes (default 1600)")
-    p.add_argument("--prefix", default="zrn_", help="namespace and veth name prefix")
+    p.add_argument("--prefix", default="zrn", help="names: namespaces P_h1, P_h2, veth P0")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds per training run")
     add_record_flag(p, "bench_overlap")
     a = p.parse_args()

@@ -1,35 +1,23 @@
-"""Two hosts on one Linux machine, for benchmarks that need a network that costs (root).
+"""Two hosts on one Linux machine, from Python: scripts/netns_hosts.sh's functions, plus
+what a benchmark needs beside them (root needed).
 
-Python's twin of scripts/two_host_check.sh's setup: two network namespaces joined by a
-veth pair, a launcher that lets Hydra's rsh start a proxy inside a namespace, the link's
-rate set with tbf on both ends (netem does not work on this kernel; tbf does), and the
-veth's byte counters read cheaply (from /proc/PID/net/dev of a process held in the first
-namespace, so a counter read is a file read, not a process start). The hosts are named
-by their addresses, so /etc/hosts is never touched. Everything made here is removed by
-close(), which `with NetnsPair(...)` calls whatever happens.
+scripts/netns_hosts.sh makes the hosts (namespaces P_h1 and P_h2 joined by a veth P0,
+host names Ph1 and Ph2), sets tbf on the link, runs mpiexec across both and removes it
+all; each of its functions is called here through `bash -c 'source ...; nh_...'`. Added
+here: the veth's byte counters read cheaply (from /proc/PID/net/dev of a process held in
+the first host, a file read instead of the library's `nh_bytes`, which starts processes:
+scripts/bench_overlap.py reads them once per training step), and the rank placement
+(blocks or cyclic) as Hydra's host list. `with NetnsPair(...)` removes everything it
+made, whatever happens.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-LAUNCHER = """#!/usr/bin/env bash
-# Hydra starts a remote proxy as `LAUNCHER <host> <command line>`, as it would call rsh.
-host=$1; shift
-case "$host" in
-{cases}
-  *) echo "netns launcher: unknown host $host" >&2; exit 2;;
-esac
-exec ip netns exec "$ns" sh -c "$*"
-"""
-
-
+LIBRARY = Path(__file__).resolve().parent / "netns_hosts.sh"
 PLACEMENTS = ("block", "cyclic")
 
 
@@ -37,40 +25,42 @@ class NetnsError(RuntimeError):
     """The namespaces could not be made (not root, no `ip`, no netns support)."""
 
 
-def _ip(*args: str) -> None:
-    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+def nh(*args: str) -> str:
+    """One of netns_hosts.sh's functions, e.g. nh("nh_rate", "zrn", "100mbit")."""
+    cmd = ["bash", "-c", 'source "$0"; "$@"', str(LIBRARY), *args]
+    done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
-        raise NetnsError(f"`ip {' '.join(args)}` failed: {done.stderr.strip()}")
+        raise NetnsError(f"{' '.join(args)} failed: {(done.stderr or done.stdout).strip()}")
+    return done.stdout
 
 
-def _tc(ns: str, *args: str) -> None:
-    done = subprocess.run(["ip", "netns", "exec", ns, "tc", *args], capture_output=True, text=True)
-    if done.returncode:
-        raise NetnsError(f"`tc {' '.join(args)}` in {ns} failed: {done.stderr.strip()}")
+def unavailable() -> str | None:
+    """Why network namespaces cannot be made here (netns_hosts.sh's nh_available), or None."""
+    try:
+        nh("nh_available")
+    except NetnsError as exc:
+        return str(exc)
+    return None
 
 
-def tbf_args(rate_mbit: float, burst_bytes: int) -> list[str]:
-    """tbf's rate, burst and latency for a link of rate_mbit Mbit/s.
-
-    latency 50 ms: the queue TCP may fill before tbf drops."""
-    if not rate_mbit > 0:
-        raise ValueError(f"link rate {rate_mbit!r} Mbit/s: must be > 0")
+def tbf_burst(burst_bytes: int) -> str:
+    """tbf's burst: at least one 1500-byte frame (tbf holds a larger packet forever)."""
     if burst_bytes < 1600:
         raise ValueError(f"tbf burst {burst_bytes} bytes: at least 1600 (one 1500-byte frame)")
-    return ["rate", f"{rate_mbit:g}mbit", "burst", str(burst_bytes), "latency", "50ms"]
+    return str(burst_bytes)
 
 
 class NetnsPair:
-    """Hosts PREFIXh1 (ADDR.1) and PREFIXh2 (ADDR.2), joined by veth PREFIX0."""
+    """Hosts PREFIXh1 (SUBNET.1) and PREFIXh2 (SUBNET.2), joined by veth PREFIX0."""
 
-    def __init__(self, prefix: str = "zrn_", subnet: str = "10.81.0") -> None:
-        self.ns = (f"{prefix}h1", f"{prefix}h2")
-        self.dev = f"{prefix.rstrip('_')}0"
-        if len(self.dev) > 15:
-            raise ValueError(f"prefix {prefix!r}: the veth name {self.dev!r} is over 15 chars")
+    def __init__(self, prefix: str = "zrn", subnet: str = "10.81.0") -> None:
+        if not prefix.isalnum() or len(prefix) > 12:
+            raise ValueError(f"prefix {prefix!r}: letters and digits, at most 12")
+        self.prefix, self.subnet = prefix, subnet
+        self.ns = (f"{prefix}_h1", f"{prefix}_h2")
+        self.hosts = (f"{prefix}h1", f"{prefix}h2")
         self.addr = (f"{subnet}.1", f"{subnet}.2")
-        self.tmp = Path(tempfile.mkdtemp(prefix=f"{prefix}netns_"))
-        self.launcher = self.tmp / "rsh"
+        self.dev = f"{prefix}0"
         self.holder: subprocess.Popen | None = None
         self.rate_mbit: float | None = None
 
@@ -86,121 +76,68 @@ class NetnsPair:
         self.close()
 
     def open(self) -> None:
-        if os.geteuid() != 0:
-            raise NetnsError("network namespaces need root (this process is not)")
-        if shutil.which("ip") is None or shutil.which("tc") is None:
-            raise NetnsError("`ip` and `tc` (iproute2) are needed and not on PATH")
-        self._remove_namespaces()  # leftovers of an interrupted earlier run
-        h1, h2 = self.ns
-        _ip("netns", "add", h1)
-        _ip("netns", "add", h2)
-        _ip(
-            "link",
-            "add",
-            self.dev,
-            "netns",
-            h1,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            self.dev,
-            "netns",
-            h2,
-        )
-        for ns, addr in zip(self.ns, self.addr, strict=True):
-            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", self.dev)
-            _ip("-n", ns, "link", "set", "lo", "up")
-            _ip("-n", ns, "link", "set", self.dev, "up")
-        self.holder = subprocess.Popen(["ip", "netns", "exec", h1, "sleep", "infinity"])
-        self._wait_up()
-        cases = "\n".join(f"  {a}) ns={n};;" for a, n in zip(self.addr, self.ns, strict=True))
-        self.launcher.write_text(LAUNCHER.format(cases=cases))
-        self.launcher.chmod(0o755)
-
-    def _wait_up(self) -> None:
-        """A veth comes up a moment after `link set up`; UCX skips a device that is down."""
-        for _ in range(100):
-            states = [self._read(ns, f"/sys/class/net/{self.dev}/operstate") for ns in self.ns]
-            if states == ["up", "up"] and self._net_dev_ready():
-                return
-            time.sleep(0.05)
-        raise NetnsError(f"{self.dev} did not come up in both namespaces within 5 s")
-
-    def _net_dev_ready(self) -> bool:
-        try:
-            self.counters()
-        except (OSError, KeyError):
-            return False
-        return True
-
-    @staticmethod
-    def _read(ns: str, path: str) -> str:
-        done = subprocess.run(["ip", "netns", "exec", ns, "cat", path], capture_output=True)
-        return done.stdout.decode().strip()
+        why = unavailable()
+        if why:
+            raise NetnsError(why)
+        nh("nh_make", self.prefix, self.subnet)
+        self.holder = subprocess.Popen(["ip", "netns", "exec", self.ns[0], "sleep", "infinity"])
+        self.counters()  # the holder's /proc/PID/net/dev shows the veth
 
     def set_rate(self, rate_mbit: float | None, burst_bytes: int = 1600) -> None:
         """tbf at rate_mbit on both ends (each direction limited); None: unlimited."""
-        for ns in self.ns:
-            subprocess.run(
-                ["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", self.dev, "root"],
-                capture_output=True,
-            )
-            if rate_mbit is not None:
-                _tc(
-                    ns,
-                    "qdisc",
-                    "add",
-                    "dev",
-                    self.dev,
-                    "root",
-                    "tbf",
-                    *tbf_args(rate_mbit, burst_bytes),
-                )
+        if rate_mbit is None:
+            nh("nh_rate", self.prefix, "off")
+        elif not rate_mbit > 0:
+            raise ValueError(f"link rate {rate_mbit!r} Mbit/s: must be > 0")
+        else:
+            nh("nh_rate", self.prefix, f"{rate_mbit:g}mbit", tbf_burst(burst_bytes), "50ms")
         self.rate_mbit = rate_mbit
 
     def counters(self) -> tuple[int, int]:
         """(rx_bytes, tx_bytes) of the veth's end in the first host."""
         assert self.holder is not None, "open() first"
-        for line in Path(f"/proc/{self.holder.pid}/net/dev").read_text().splitlines():
-            name, _, rest = line.partition(":")
-            if name.strip() == self.dev:
-                fields = rest.split()
-                return int(fields[0]), int(fields[8])
-        raise KeyError(f"{self.dev} not in the first host's /proc/net/dev")
+        for _ in range(100):  # the holder enters the namespace a moment after it starts
+            text = Path(f"/proc/{self.holder.pid}/net/dev").read_text()
+            for line in text.splitlines():
+                name, _, rest = line.partition(":")
+                if name.strip() == self.dev:
+                    fields = rest.split()
+                    return int(fields[0]), int(fields[8])
+            subprocess.run(["sleep", "0.02"])
+        raise NetnsError(f"{self.dev} not in the first host's /proc/net/dev")
 
     def mpiexec(
         self, per_host: int, argv: list[str], env: dict[str, str], placement: str = "block"
     ) -> list[str]:
-        """The command that runs argv on 2 x per_host ranks, with UCX forced onto TCP over
-        the veth (so the hosts' ranks really exchange their bytes over the link) and env
-        passed to every rank. placement "block": ranks 0..per_host-1 on the first host;
-        "cyclic": even ranks on the first host, odd ranks on the second."""
+        """The command that runs argv on 2 x per_host ranks across the hosts (netns_hosts.sh's
+        nh_mpiexec: UCX over TCP on the veth, this environment for every rank; env's
+        PYTHON must be the interpreter beside mpiexec). placement "block": ranks
+        0..per_host-1 on the first host; "cyclic": even ranks on the first host."""
         if placement not in PLACEMENTS:
             raise ValueError(f"placement {placement!r}: allowed are {', '.join(PLACEMENTS)}")
-        mpiexec = Path(sys.executable).with_name("mpiexec")
-        genv = {**env, "UCX_TLS": "tcp", "UCX_NET_DEVICES": self.dev}
+        if env.get("PYTHON") != sys.executable:
+            raise ValueError("env['PYTHON'] must be sys.executable (nh_mpiexec's mpiexec)")
         slots = per_host if placement == "block" else 1  # Hydra wraps round the host list
-        hosts = ",".join(f"{a}:{slots}" for a in self.addr)
-        cmd = ["ip", "netns", "exec", self.ns[0], str(mpiexec), "-launcher", "rsh"]
-        cmd += ["-launcher-exec", str(self.launcher), "-localhost", self.addr[0]]
-        cmd += ["-hosts", hosts, "-n", str(2 * per_host)]
-        for k, v in genv.items():
-            cmd += ["-genv", k, v]
-        return cmd + argv
+        hosts = ",".join(f"{h}:{slots}" for h in self.hosts)
+        lib = ["bash", "-c", 'source "$0"; "$@"', str(LIBRARY)]
+        return [*lib, "nh_mpiexec", self.prefix, hosts, "-n", str(2 * per_host), *argv]
 
     def host_cmd(self, host: int, argv: list[str]) -> list[str]:
         """argv run inside host 0 or 1."""
-        return ["ip", "netns", "exec", self.ns[host], *argv]
-
-    def _remove_namespaces(self) -> None:
-        for ns in self.ns:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        return [
+            "bash",
+            "-c",
+            'source "$0"; "$@"',
+            str(LIBRARY),
+            "nh_exec",
+            self.prefix,
+            str(host + 1),
+            *argv,
+        ]
 
     def close(self) -> None:
         if self.holder is not None:
             self.holder.kill()
             self.holder.wait()
             self.holder = None
-        self._remove_namespaces()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        nh("nh_cleanup", self.prefix)

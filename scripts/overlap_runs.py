@@ -80,7 +80,7 @@ def link_probe(pair: NetnsPair, env: dict[str, str], numel: int, placement: str 
 def rank_env() -> dict[str, str]:
     """This environment for the ranks, less the thread budget importing zero_ref may have
     set here (each rank sets its own from the ranks on its host)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO), PYTHON=sys.executable)
     env.pop("MPIR_CVAR_ENABLE_HEAVY_YIELD", None)
     for var in THREAD_VARS:
         env.pop(var, None)
