@@ -1,7 +1,7 @@
 """Overlap on a network that costs (issue 23, item 5): ZeRO's collectives across two hosts.
 
-    sudo python scripts/bench_overlap.py                    # the reference and the sweep (300, 100, 30 Mbit/s)
-    sudo python scripts/bench_overlap.py --no-reference --stages 3 --rates 100 --steps 10
+    sudo python scripts/bench_overlap.py                 # reference; sweep at 300, 100, 30 Mbit/s
+    sudo python scripts/bench_overlap.py --parts sweep --stages 3 --rates 100 --steps 10
     sudo python scripts/bench_overlap.py --record           # docs/results/bench_overlap.json
 
 Two network-namespace hosts joined by a veth (scripts/netns_pair.py), 2 ranks on each,
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ OVERLAP_FLAGS: dict[int, tuple[str, ...]] = {
 OVERLAP_TARGET = 1.15  # overlapped <= this x max(compute, comm) ...
 BLOCKING_SLOW = 1.3  # ... wherever blocking >= this x max
 STAGE3_VS_STAGE0 = 1.2  # at 100 Mbit/s, overlapped stage 3 <= this x stage 0
+PARTS = ("reference", "sweep")
 
 
 @dataclass(frozen=True)
@@ -77,13 +79,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rates", default="300,100,30", help="sweep's tbf rates, Mbit/s")
     p.add_argument("--stages", default="1,2,3", help="sweep's stages (0-3)")
     p.add_argument("--model-flags", default="--batch-size 128", help="sweep's model flags")
-    p.add_argument(
-        "--reference",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="also run the reference part (default GPT, stages 0 and 3)",
-    )
+    p.add_argument("--parts", default="reference,sweep", help="parts to run (default: both)")
     p.add_argument("--steps", type=int, default=20, help="steps per run (default: 20)")
+    p.add_argument("--repeats", type=int, default=1, help="runs of each (median; default 1)")
     p.add_argument("--burst", type=int, default=1600, help="tbf burst, bytes (default 1600)")
     p.add_argument("--prefix", default="zrn", help="names: namespaces P_h1, P_h2, veth P0")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds per training run")
@@ -93,6 +91,11 @@ def parse_args() -> argparse.Namespace:
     a.stages = parse_list(p, "--stages", a.stages, int)
     if any(r <= 0 for r in a.rates):
         p.error(f"--rates {a.rates}: every rate must be > 0 Mbit/s")
+    a.parts = [x for x in a.parts.split(",") if x]
+    if not a.parts or any(x not in PARTS for x in a.parts):
+        p.error(f"--parts {a.parts}: one or more of {', '.join(PARTS)}")
+    if a.repeats < 1:
+        p.error(f"--repeats {a.repeats}: at least 1")
     if not a.stages or any(s not in (0, 1, 2, 3) for s in a.stages):
         p.error(f"--stages {a.stages}: one or more of 0, 1, 2, 3")
     if a.steps < SKIP_FIRST + 3:
@@ -108,10 +111,13 @@ def parse_list(p: argparse.ArgumentParser, flag: str, text: str, kind: type) -> 
 
 
 def plan(a: argparse.Namespace) -> list[Part]:
-    sweep = Part("sweep", tuple(a.model_flags.split()), tuple(a.stages), tuple(a.rates), ("block",))
-    if not a.reference:
-        return [sweep]
-    return [Part("reference", (), (0, 3), (REFERENCE_MBIT,), PLACEMENTS), sweep]
+    parts = {
+        "reference": Part("reference", (), (0, 3), (REFERENCE_MBIT,), PLACEMENTS),
+        "sweep": Part(
+            "sweep", tuple(a.model_flags.split()), tuple(a.stages), tuple(a.rates), ("block",)
+        ),
+    }
+    return [parts[name] for name in PARTS if name in a.parts]
 
 
 # ---- the runs
@@ -173,13 +179,16 @@ def run_row(
         "burst_bytes": a.burst if link["rate_mbit"] else None,
         "link_bytes_s": link["link_bytes_s"],
         "allgather_s": link["probes"][placement]["allgather_tiny_s"],
-        "blocking": run_train(pair, flags, log, a.timeout, placement),
     }
     overlap, why = overlap_flags(stage, known)
+    blocking, overlapped = [], []
+    for _ in range(a.repeats):  # blocking and overlapped back to back: a busy spell hits both
+        blocking.append(run_train(pair, flags, log, a.timeout, placement))
+        if overlap:
+            overlapped.append(run_train(pair, [*flags, *overlap], log, a.timeout, placement))
+    row["blocking"] = medians(blocking)
     row["overlap_flags"] = list(overlap) if overlap else None
-    row["overlapped"] = (
-        run_train(pair, [*flags, *overlap], log, a.timeout, placement) if overlap else None
-    )
+    row["overlapped"] = medians(overlapped) if overlap else None
     row["overlapped_null_reason"] = why or None
     o = row["overlapped"]
     print(
@@ -189,6 +198,13 @@ def run_row(
         flush=True,
     )
     return row
+
+
+def medians(runs: list[dict]) -> dict:
+    """Each measurement's median over the repeats, and every repeat's step time."""
+    out = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    out["step_s_repeats"] = [r["step_s"] for r in runs]
+    return out
 
 
 def sweep(pair: NetnsPair, parts: list[Part], a: argparse.Namespace) -> tuple[list, list]:
@@ -328,6 +344,7 @@ def main() -> None:
     print_table(rows, checks)
     settings = {
         "steps": a.steps,
+        "repeats": a.repeats,
         "skip_first": SKIP_FIRST,
         "ranks": 2 * PER_HOST,
         "hosts": 2,

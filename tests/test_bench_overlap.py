@@ -35,7 +35,8 @@ def bench() -> dict:
         pytest.skip(f"cannot make network namespaces here: {why}")
     cmd = [sys.executable, str(REPO / "scripts" / "bench_overlap.py"), "--prefix", PREFIX]
     cmd += [
-        "--no-reference",
+        "--parts",
+        "sweep",
         "--stages",
         "3",
         "--rates",
