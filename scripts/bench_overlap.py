@@ -80,6 +80,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--stages", default="1,2,3", help="sweep's stages (0-3)")
     p.add_argument("--model-flags", default="--batch-size 128", help="sweep's model flags")
     p.add_argument("--parts", default="reference,sweep", help="parts to run (default: both)")
+    p.add_argument("--placement", default="block", choices=PLACEMENTS, help="sweep's ranks")
     p.add_argument("--steps", type=int, default=20, help="steps per run (default: 20)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each (median; default 1)")
     p.add_argument("--burst", type=int, default=1600, help="tbf burst, bytes (default 1600)")
