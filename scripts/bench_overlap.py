@@ -115,7 +115,7 @@ def plan(a: argparse.Namespace) -> list[Part]:
     parts = {
         "reference": Part("reference", (), (0, 3), (REFERENCE_MBIT,), PLACEMENTS),
         "sweep": Part(
-            "sweep", tuple(a.model_flags.split()), tuple(a.stages), tuple(a.rates), ("block",)
+            "sweep", tuple(a.model_flags.split()), tuple(a.stages), tuple(a.rates), (a.placement,)
         ),
     }
     return [parts[name] for name in PARTS if name in a.parts]
