@@ -3,6 +3,7 @@
     sudo python scripts/bench_overlap.py                 # reference; sweep at 300, 100, 30 Mbit/s
     sudo python scripts/bench_overlap.py --parts sweep --stages 3 --rates 100 --steps 10
     sudo python scripts/bench_overlap.py --record           # docs/results/bench_overlap.json
+    python scripts/bench_overlap.py --markdown docs/results/bench_overlap.json  # its table
 
 Two network-namespace hosts joined by a veth (scripts/netns_pair.py), 2 ranks on each,
 UCX over TCP on the veth, the link limited with tbf on both ends (burst one frame, so no
@@ -33,6 +34,7 @@ table, which targets hold, and one JSON line last.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -86,6 +88,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--burst", type=int, default=1600, help="tbf burst, bytes (default 1600)")
     p.add_argument("--prefix", default="zrn", help="names: namespaces P_h1, P_h2, veth P0")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds per training run")
+    p.add_argument(
+        "--markdown", metavar="JSON", help="print a recorded result's table, run nothing"
+    )
     add_record_flag(p, "bench_overlap")
     a = p.parse_args()
     a.rates = parse_list(p, "--rates", a.rates, float)
@@ -332,8 +337,31 @@ def print_table(rows: list[dict], checks: list[dict]) -> None:
         print(f"target {c['target']}: {value} -> {state[c['holds']]}")
 
 
+def markdown(rows: list[dict]) -> str:
+    """The rows as a docs table (docs/overlap_bench.md), ms per step."""
+    out = [
+        "| part | ranks | link | stage | blocking | overlapped | compute | comm (bytes) "
+        "| comm / compute | ledger comm | collectives | link MB | blocking / max "
+        "| overlapped / max |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        b, o, ovl = r["blocking"], r["overlapped"], r["overlapped_over_max"]
+        out.append(
+            f"| {r['part']} | {r['placement']} | {rate_text(r)} | {r['stage']} "
+            f"| {ms(b['step_s'])} | {ms(o and o['step_s'])} | {ms(r['compute_s'])} "
+            f"| {ms(r['comm_bytes_s'])} | {r['comm_over_compute']:.2f} "
+            f"| {ms(b['ledger_comm_s'])} | {b['collectives']} | {busier(b) / 1e6:.3f} "
+            f"| {r['blocking_over_max']:.2f} | {'-' if ovl is None else f'{ovl:.2f}'} |"
+        )
+    return "\n".join(out)
+
+
 def main() -> None:
     a = parse_args()
+    if a.markdown:  # render a recorded result, run nothing
+        print(markdown(json.loads(Path(a.markdown).read_text())["rows"]))
+        return
     parts = plan(a)
     try:
         with NetnsPair(a.prefix) as pair:
