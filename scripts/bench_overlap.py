@@ -48,12 +48,13 @@ from overlap_runs import PER_HOST, SKIP_FIRST, link_probe, link_rate, rank_env, 
 
 REFERENCE_MBIT = 100.0  # the issue's reference link: stage 3 vs stage 0 there
 DEFAULT_GPT_NUMEL = 117376  # the default GPT's padded parameters: the probe's buffer
-# The flags that turn overlap on, per stage (stage 3: with prefetch). The one place to
-# adjust them; a stage whose flags zero_ref.train does not know gets overlapped = null.
+# The flags that turn overlap on, per stage: the one place to adjust them. Stage 3's
+# --overlap-comm prefetches one unit ahead by default (add --prefetch-numel N for more);
+# a stage whose flags zero_ref.train does not know gets overlapped = null.
 OVERLAP_FLAGS: dict[int, tuple[str, ...]] = {
     1: ("--overlap-comm",),
     2: ("--overlap-comm",),
-    3: ("--overlap-comm", "--prefetch-depth", "1"),
+    3: ("--overlap-comm",),
 }
 OVERLAP_TARGET = 1.15  # overlapped <= this x max(compute, comm) ...
 BLOCKING_SLOW = 1.3  # ... wherever blocking >= this x max
