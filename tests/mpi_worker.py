@@ -96,6 +96,7 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
         nonfinite=case.get("nonfinite", "raise"),
         device=case.get("device", "cpu"),
         **offload_settings(case),
+        **(case.get("overlap") or {}),  # overlap_comm, progress, prefetch_numel, ...
     )
     model, batches = build_model(case)
     init = init_params(model, case["seed"])
@@ -213,6 +214,7 @@ def plan(engine) -> dict:
         if buckets is None
         else [[b.first_unit, b.last_unit, b.shard_offset, b.shard_numel] for b in buckets.plan],
         "buffer_bytes": {n: int(a.nbytes) for n, a in engine.memory.held["buffers"].items()},
+        "gathers": engine.gathers(),  # stage 3 with prefetch buffers or persistent units
     }
 
 

@@ -227,3 +227,37 @@ def test_offloaded_estimate_equals_the_ledger_in_ram(tmp_path, corpus, stage, fl
     assert on_disk["optimizer"] > 0 and est.optimizer == 0
     assert (on_disk["params"] > 0) == ("--offload-param" in flags)
     assert (on_disk["grads"] > 0) == (stage >= 2)  # stage 1's gradients stay in RAM
+
+
+OVERLAPPED = [  # --overlap-comm: two staging lanes; stage 3 gathers ahead, keeps small units
+    (1, []),
+    (2, ["--precision", "bf16"]),
+    (3, []),
+    (3, ["--prefetch-numel", "1000000", "--persistence-numel", "5000"]),
+    (3, ["--prefetch-numel", "1000000", "--max-live-numel", "40000", "--precision", "fp16"]),
+]
+
+
+@pytest.mark.parametrize("stage, flags", OVERLAPPED)
+def test_overlapped_estimate_equals_the_ledger(corpus, stage, flags):
+    """The second staging lane and the lanes' receive rows, stage 3's prefetch buffers
+    and persistent units: the estimate counts what the engine holds, category by
+    category, and no more gathered-parameter elements than --max-live-numel."""
+    argv = ["--data", corpus, "--stage", str(stage), "--bucket-numel", "96", "--overlap-comm"]
+    parsed = parse_args([*argv, *flags], 1)
+    model = GPT(SMALL_GPT)
+    engine = make_engine(
+        model, RandomInit(model, 0), parsed.zero, comm_for(MPI.COMM_SELF, parsed.zero)
+    )
+    est = estimate_for(parsed, model, 1)
+    held = engine.memory.bytes_by_category()
+    buffers = engine.buffer_bytes()
+    engine.close()
+    assert held == {k: getattr(est, k) for k in held}
+    assert "bucket_staging (lane 1)" in buffers
+    live = parsed.zero.max_live_numel
+    if live is not None:
+        gathered = sum(
+            v for n, v in buffers.items() if n.startswith(("gathered_unit", "persistent"))
+        )
+        assert gathered <= live * engine.precision.bytes.param

@@ -153,6 +153,59 @@ def test_one_rank_raises_and_the_whole_job_ends(tmp_path):
     )
 
 
+def in_flight_when_fired(job: Job) -> int:
+    """How many non-blocking collectives the rank had in flight when its fault fired."""
+    logged = job.fault_log.read_text() if job.fault_log.exists() else ""
+    found = re.search(r"fired with (\d+) collectives in flight", logged + job.stderr)
+    assert found, f"no in-flight count in the fault's line:\n{job.stderr[-3000:]}"
+    return int(found.group(1))
+
+
+def test_a_rank_raising_with_collectives_in_flight_ends_the_whole_job(tmp_path):
+    """--overlap-comm at stage 2: buckets' reduce-scatters are in flight while backward
+    goes on; one rank raising there must end every rank (none waits forever on a
+    request the failed rank will never complete)."""
+    job = train_job(
+        tmp_path, "--stage", "2", "--overlap-comm", "--bucket-numel", "64",
+        env={"ZERO_REF_INJECT_FAULT": "raise_in_flight:rank=1:step=3"},
+    )  # fmt: skip
+    assert_ended_cleanly(job)
+    assert in_flight_when_fired(job) >= 1
+    assert job.stderr.count("failed at step") == 1, job.stderr
+    assert "rank 1 of 4 failed at step 3: InjectedFault: injected fault raise_in_flight" in (
+        job.stderr
+    )
+    record(
+        "exception on one rank with reduce-scatters in flight (stage 2, --overlap-comm)",
+        "raise_in_flight:rank=1:step=3",
+        "rank 1 prints rank, step and error once; MPI_Abort ends all ranks, their "
+        "requests outstanding",
+        job,
+        job.seconds_after_fault(),
+        in_flight=in_flight_when_fired(job),
+    )
+
+
+def test_a_rank_killed_with_a_prefetch_in_flight_ends_the_whole_job(tmp_path):
+    """--overlap-comm at stage 3: the next unit's all-gather is in flight during
+    backward; SIGKILL there (the OOM killer, a lost node) must end the job."""
+    job = train_job(
+        tmp_path, "--stage", "3", "--overlap-comm",
+        env={"ZERO_REF_INJECT_FAULT": "kill_in_flight:rank=2:step=3"},
+    )  # fmt: skip
+    assert_ended_cleanly(job)
+    assert in_flight_when_fired(job) >= 1
+    assert "signal 9" in job.stdout + job.stderr
+    record(
+        "SIGKILL of one rank with a prefetched gather in flight (stage 3, --overlap-comm)",
+        "kill_in_flight:rank=2:step=3",
+        "mpirun sees the dead rank and kills the rest, mid-request; no process left",
+        job,
+        job.seconds_after_fault(),
+        in_flight=in_flight_when_fired(job),
+    )
+
+
 # ---- 2. a rank killed from outside; 6. nothing half-written under a real name
 
 
@@ -206,6 +259,30 @@ def test_a_skipped_gather_is_a_schedule_error_naming_both_sides(tmp_path):
         "one rank skips a unit's gather (stage 3), schedule check on",
         "skip_gather:rank=1:step=3",
         "ScheduleMismatchError on every rank, printed once by rank 0, naming both sides",
+        job,
+        job.seconds_after_fault(),
+    )
+
+
+def test_a_skipped_prefetch_gather_is_a_schedule_error_too(tmp_path):
+    """--overlap-comm at stage 3: ranks agree on each gather when it is issued, so a rank
+    that skips one is named at the next gather it issues (the prefetch of the next
+    unit), not left waiting on a request."""
+    job = train_job(
+        tmp_path, "--stage", "3", "--check-schedule", "--overlap-comm",
+        env={"ZERO_REF_INJECT_FAULT": "skip_gather:rank=1:step=3"},
+    )  # fmt: skip
+    assert_ended_cleanly(job)
+    assert job.stderr.count("ScheduleMismatchError") == 1, job.stderr
+    assert re.search(
+        r"rank 0 is entering allgather of \d+ float32 for .* at step 3, but rank 1 is "
+        r"entering allgather of \d+ float32 for",
+        job.stderr,
+    ), job.stderr
+    record(
+        "one rank skips a unit's gather (stage 3, --overlap-comm), schedule check on",
+        "skip_gather:rank=1:step=3",
+        "ScheduleMismatchError at the next gather issued (the prefetch), naming both sides",
         job,
         job.seconds_after_fault(),
     )

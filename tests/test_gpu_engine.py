@@ -80,8 +80,34 @@ def test_a_gpu_run_is_bitwise_the_cpu_run(stage, precision):
         pinned(TINY_UNITS, stage=1, world=2, device="gpu", precision=FP16_OVERFLOWING),
         pinned(TINY_UNITS, stage=2, world=3, device="gpu", precision=BF16_FP32_ACCUM),
         pinned(TINY_UNITS, stage=3, world=4, device="gpu", bucket_numel=5),
+        # --overlap-comm through the staged path: a host buffer pair per lane
+        pinned(TINY_UNITS, stage=2, world=3, device="gpu", overlap={"overlap_comm": True}),
+        pinned(
+            TINY_UNITS,
+            stage=3,
+            world=2,
+            device="gpu",
+            precision=BF16_FP32_ACCUM,
+            overlap={"overlap_comm": True, "prefetch_numel": 1 << 20},
+        ),  # fmt: skip
+        pinned(
+            TINY_UNITS,
+            stage=1,
+            world=3,
+            device="gpu",
+            precision=FP16_OVERFLOWING,
+            overlap={"overlap_comm": True},
+        ),  # fmt: skip
     ],
-    ids=["stage0-w3", "stage1-w2-fp16", "stage2-w3-bf16", "stage3-w4"],
+    ids=[
+        "stage0-w3",
+        "stage1-w2-fp16",
+        "stage2-w3-bf16",
+        "stage3-w4",
+        "stage2-w3-overlap",
+        "stage3-w2-bf16-prefetch",
+        "stage1-w3-fp16-overlap",
+    ],  # fmt: skip
 )
 def test_gpu_runs_on_several_ranks_are_bitwise_the_oracle(mpi_pools, drawn):
     result = run(mpi_pools, drawn)

@@ -65,6 +65,36 @@ def test_trace_holds_every_ranks_units_collectives_and_update(tiny_corpus, tmp_p
     assert sum(e["args"]["sent_bytes"] for e in gathers) == sent
 
 
+def test_trace_of_an_overlapped_run_draws_each_collective_in_flight_under_compute(
+    tiny_corpus, tmp_path
+):
+    """--overlap-comm: each non-blocking collective is one event from its issue to its
+    completion (lane "in flight") with the ledger's bytes, and one for the rank's wait
+    (lane "collectives"); at stage 3 a prefetched unit's gather is in flight while the
+    unit before it computes, so some flight spans a forward or backward."""
+    trace, log = tmp_path / "run.json", tmp_path / "run.jsonl"
+    train(
+        2, *TINY_GPT, "--stage", "3", "--steps", "2", "--data", tiny_corpus, "--overlap-comm",
+        "--trace", str(trace), "--log-jsonl", str(log),
+    )  # fmt: skip
+    mine = rank_events(trace, 0)
+    flights = [e for e in mine if e["cat"] == "in flight"]
+    waits = [e for e in mine if e["cat"] == "collectives" and e["name"].startswith("wait ")]
+    assert {e["name"] for e in flights} == {"allgather", "reduce_scatter"}
+    assert len(waits) == len(flights)
+    compute = [e for e in mine if e["cat"] == "compute"]
+    spans = [
+        (f, c)
+        for f in flights
+        for c in compute
+        if f["ts"] <= c["ts"] and c["ts"] + c["dur"] <= f["ts"] + f["dur"]
+    ]
+    assert spans, "no collective was in flight across a unit's compute"
+    sent = final_record(log)["ranks"][0]["comm_last_step"]["allgather"]["sent_bytes"]
+    last = [e for e in steps_of(mine)[1] if e["name"] == "allgather" and e["cat"] == "in flight"]
+    assert sum(e["args"]["sent_bytes"] for e in last) == sent
+
+
 def test_trace_of_an_offloaded_run_holds_every_swap_read_and_write(tiny_corpus, tmp_path):
     """--offload-optimizer nvme: in each step, the swap reads and writes on the trace add
     up to what the swap files themselves counted moving (the "swap file bytes" counter,

@@ -23,6 +23,7 @@ OPTIMIZER_OFFLOAD = (*OFFLOAD_DEVICES, "cpu")  # cpu: ZeRO-Offload, the GPU path
 # fewer calls and faster steps for more staging memory (measured: docs/benchmarks.md).
 DEFAULT_BUCKET_NUMEL = 8192
 DEVICES = ("cpu", "gpu")  # where the engine's arrays live (docs/gpu.md)
+PROGRESS_MODES = ("test", "thread", "mpich", "none")  # zero_ref/comm/progress.py
 CUDA_AWARE_CHOICES = ("auto", "yes", "no")  # ask the MPI library, or say (gpu/mpi_support.py)
 
 
@@ -154,6 +155,23 @@ class ZeroConfig:
                   arrays and its update phase runs as CUDA kernels (docs/gpu.md).
     cuda_aware_mpi  "auto" (ask the MPI library), "yes" or "no": with device "gpu",
                   whether device buffers go to MPI directly or are staged through host.
+    overlap_comm  issue collectives and wait for them later, so communication hides
+                  behind compute (DeepSpeed's overlap_comm; engine/collective_schedule.py):
+                  stages 1-2 reduce each bucket while backward goes on (two staging
+                  buffers) and each unit waits only for its own all-gather of updated
+                  parameters; stage 3 gathers units ahead of use. Values do not change.
+                  False: every collective blocks, in the oracle's order of MPI calls.
+    progress      what advances an issued collective (zero_ref/comm/progress.py): "test"
+                  (MPI_Testall at unit boundaries), "thread" (a polling thread), "mpich"
+                  (MPICH's own progress thread), "none" (only the wait).
+    prefetch_numel  stage 3 with overlap_comm: units gathered ahead of use, in elements
+                  (DeepSpeed's stage3_prefetch_bucket_size): as many upcoming units as
+                  fit; None: one unit ahead (FSDP's forward/backward prefetch); 0: none.
+    max_live_numel  stage 3: the most gathered-parameter elements a rank holds at once,
+                  prefetched ones included (stage3_max_live_parameters); None: no bound
+                  beyond prefetch_numel. At least the widest unit.
+    persistence_numel  stage 3: units with fewer elements than this stay gathered from
+                  their first gather until the update (stage3_param_persistence_threshold).
     """
 
     stage: int = 2
@@ -176,6 +194,11 @@ class ZeroConfig:
     buffer_count: int = 4
     device: str = "cpu"
     cuda_aware_mpi: str = "auto"
+    overlap_comm: bool = False
+    progress: str = "test"
+    prefetch_numel: int | None = None
+    max_live_numel: int | None = None
+    persistence_numel: int = 0
 
     def __post_init__(self) -> None:
         _require(
@@ -224,6 +247,31 @@ class ZeroConfig:
         self._check_precision()
         self._check_offload()
         self._check_device()
+        self._check_overlap()
+
+    def _check_overlap(self) -> None:
+        _require(
+            isinstance(self.overlap_comm, bool), "overlap_comm", self.overlap_comm, "True or False"
+        )
+        modes = ", ".join(repr(m) for m in PROGRESS_MODES)
+        _require(self.progress in PROGRESS_MODES, "progress", self.progress, modes)
+        for name in ("prefetch_numel", "max_live_numel"):
+            value = getattr(self, name)
+            _require(
+                value is None or _nonnegative_int(value), name, value, "None or an integer >= 0"
+            )
+        _require(
+            self.max_live_numel is None or self.max_live_numel >= 1,
+            "max_live_numel",
+            self.max_live_numel,
+            "None or an integer >= 1 (at least the widest unit)",
+        )
+        _require(
+            _nonnegative_int(self.persistence_numel),
+            "persistence_numel",
+            self.persistence_numel,
+            "an integer >= 0",
+        )
 
     def _check_device(self) -> None:
         _require(self.device in DEVICES, "device", self.device, "'cpu' or 'gpu'")
@@ -332,6 +380,10 @@ class ZeroConfig:
 
 def _positive_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+
+def _nonnegative_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
 def _int(low: int, high: int | None):

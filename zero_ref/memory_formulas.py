@@ -19,6 +19,7 @@ Per rank, Psi parameters, Nd ranks (the paper's mixed precision, K = 12):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from zero_ref.dtypes import FP32, ElementBytes
 from zero_ref.layout.buckets import bucket_columns
@@ -82,6 +83,79 @@ def paper_formula_bytes(stage: int, numel: int, world_size: int, k: int = 12) ->
 # ---- buffers: what a stage keeps besides the model states
 
 
+@dataclass(frozen=True)
+class PrefetchPlan:
+    """Stage 3's gathered-unit buffers and how far ahead they are filled
+    (zero_ref/engine/gathered_unit.py): `prefetch_plan` makes one."""
+
+    buffers: int = 1  # gathered-unit buffers of the widest unit (1: no prefetch)
+    ahead_numel: int = 0  # elements of upcoming units gathered ahead, at most
+    ahead_units: int = 0  # upcoming units gathered ahead, at most
+    persistent: frozenset[int] = frozenset()  # units that keep a buffer of their own
+
+
+def prefetch_plan(
+    unit_numels: Sequence[int],
+    prefetches: bool,
+    prefetch_numel: int | None,
+    max_live_numel: int | None,
+    persistence_numel: int,
+) -> PrefetchPlan:
+    """Stage 3's plan (ZeroConfig's prefetch_numel, max_live_numel, persistence_numel;
+    DeepSpeed's stage3_prefetch_bucket_size, stage3_max_live_parameters and
+    stage3_param_persistence_threshold). Units under the persistence threshold keep a
+    buffer each. A schedule that prefetches (--overlap-comm) gathers ahead as many
+    upcoming units as fit in prefetch_numel elements (None: one unit, FSDP's default),
+    into 1 + that many buffers of the widest unit; max_live_numel bounds all gathered
+    elements, the persistent units' included, so it bounds the buffers too."""
+    persistent = frozenset(i for i, n in enumerate(unit_numels) if n < persistence_numel)
+    kept = sum(unit_numels[i] for i in persistent)
+    others = sorted(n for i, n in enumerate(unit_numels) if i not in persistent)
+    widest = max(unit_numels, default=0)  # every gathered-unit buffer's width
+    if not prefetches or prefetch_numel == 0 or len(others) < 2:
+        ahead_units, ahead_numel = 0, 0
+    elif prefetch_numel is None:
+        ahead_units, ahead_numel = 1, widest
+    else:
+        ahead_units, ahead_numel = len(others) - 1, prefetch_numel
+    fit, total = 0, 0  # the most units any window of ahead_numel elements can hold
+    for n in others[: len(others) - 1]:
+        if fit == ahead_units or total + n > ahead_numel:
+            break
+        fit, total = fit + 1, total + n
+    buffers = 1 + fit
+    if max_live_numel is not None:
+        need = widest + kept
+        if max_live_numel < need:
+            raise ValueError(
+                f"max_live_numel={max_live_numel} (stage3_max_live_parameters) is below what "
+                f"stage 3 must hold gathered: the widest unit ({widest} elements) plus the "
+                f"persistent units ({kept}); allowed: >= {need}"
+            )
+        buffers = min(buffers, (max_live_numel - kept) // widest) if widest else buffers
+    return PrefetchPlan(buffers, ahead_numel, min(ahead_units, buffers - 1), persistent)
+
+
+@dataclass(frozen=True)
+class OverlapBuffers:
+    """What --overlap-comm and stage 3's plan add to a stage's buffers: the bucket
+    staging lanes (2 with overlap: double-buffered) and each lane's receive row, and
+    stage 3's gathered-unit buffers and persistent units."""
+
+    lanes: int = 1
+    plan: PrefetchPlan = PrefetchPlan()
+
+
+def overlap_buffers(unit_numels: Sequence[int], cfg) -> OverlapBuffers:
+    """The OverlapBuffers a ZeroConfig asks for (its overlap_comm, prefetch_numel,
+    max_live_numel, persistence_numel), for these padded unit sizes."""
+    plan = prefetch_plan(
+        unit_numels, cfg.overlap_comm, cfg.prefetch_numel, cfg.max_live_numel,
+        cfg.persistence_numel,
+    )  # fmt: skip
+    return OverlapBuffers(2 if cfg.overlap_comm else 1, plan)
+
+
 def buffer_bytes(
     stage: int,
     unit_numels: Sequence[int],
@@ -89,6 +163,7 @@ def buffer_bytes(
     bucket_numel: int,
     grad_accum: int,
     sizes: ElementBytes = FP32,
+    overlap: OverlapBuffers = OverlapBuffers(),
 ) -> dict[str, int]:
     """Bytes of each buffer a rank of `stage` keeps, by the engine's ledger name (the
     `buffers` category; unit_numels are the padded unit sizes).
@@ -111,6 +186,10 @@ def buffer_bytes(
         held["bucket_staging"] = sizes.comm * world_size * columns
         if grad_accum > 1 or "grads" not in shards:
             held["reduce_out"] = sizes.grad * columns
+        for lane in range(1, overlap.lanes):
+            held[f"bucket_staging (lane {lane})"] = sizes.comm * world_size * columns
+        for lane in range(overlap.lanes if overlap.lanes > 1 else 0):
+            held[f"bucket_recv (lane {lane})"] = sizes.grad * columns
     elif sizes.comm != sizes.grad:
         chunk = world_size * bucket_columns(bucket_numel, world_size)
         held["wire_chunk"] = sizes.comm * min(chunk, total_numel)
@@ -119,7 +198,13 @@ def buffer_bytes(
     if sizes.master:
         held["unit_param_scratch"] = F32 * widest
     if "params" in shards:
-        held["gathered_unit"] = sizes.param * widest
+        plan = overlap.plan
+        wide = widest  # every buffer as wide as the widest unit, persistent or not
+        held["gathered_unit"] = sizes.param * wide
+        for k in range(1, plan.buffers):
+            held[f"gathered_unit (prefetch {k})"] = sizes.param * wide
+        for i in sorted(plan.persistent):
+            held[f"persistent unit {i}"] = sizes.param * unit_numels[i]
     return held
 
 
@@ -130,9 +215,10 @@ def buffer_formula_bytes(
     bucket_numel: int,
     grad_accum: int,
     sizes: ElementBytes = FP32,
+    overlap: OverlapBuffers = OverlapBuffers(),
 ) -> int:
     """Bytes of the `buffers` category: the sum of buffer_bytes."""
-    held = buffer_bytes(stage, unit_numels, world_size, bucket_numel, grad_accum, sizes)
+    held = buffer_bytes(stage, unit_numels, world_size, bucket_numel, grad_accum, sizes, overlap)
     return sum(held.values())
 
 

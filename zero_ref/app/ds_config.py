@@ -50,12 +50,7 @@ def _set(out: ParsedConfig, key: str, value: Any) -> None:
         out.settings[setting.dest] = parsed
 
 
-ZERO_NOT_YET = (
-    "allgather_bucket_size",
-    "overlap_comm",
-    "stage3_prefetch_bucket_size",
-    "stage3_max_live_parameters",
-)
+ZERO_NOT_YET: tuple[str, ...] = ()
 ZERO_ALWAYS_ON = (  # what zero_ref always does; false asks for something it cannot do
     "contiguous_gradients",  # buffers are always contiguous
     "reduce_scatter",  # gradients are always reduce-scattered (stages 1-3)
@@ -85,6 +80,9 @@ ZERO_NO_EFFECT = (
     "log_trace_cache_warnings",
     "stage3_gather_16bit_weights_on_model_save",  # --export always consolidates
     "stage3_gather_fp16_weights_on_model_save",
+    # stages 1-2 all-gather each unit's updated parameters in one call of its own (its
+    # rows are contiguous per unit; a piece across units would need a derived datatype)
+    "allgather_bucket_size",
 )
 
 

@@ -4,13 +4,17 @@ One environment variable, read only here, at the top of each training step
 (zero_ref.app.failure.step_started). An armed fault acts through the hooks the
 engine and the checkpoint writer expose on purpose (zero_ref/engine/hooks.py),
 except skip_gather, which replaces the next call of the engine's Comm's public
-allgather:
+allgather or iallgather (--overlap-comm), whichever comes first:
 
     ZERO_REF_INJECT_FAULT="<kind>:rank=<R>:step=<S>"
 
   raise        rank R raises InjectedFault in the middle of step S
   kill         rank R sends itself SIGKILL in the middle of step S (SIGKILL cannot
                be caught: to MPI this is the OOM killer or a lost node)
+  raise_in_flight, kill_in_flight  the same, at the first unit boundary of step S's
+               backward at which rank R has a non-blocking collective in flight
+               (--overlap-comm: a bucket's reduce-scatter, a prefetched gather); the
+               line it prints says how many
   skip_gather  rank R skips its first all-gather of step S (at stage 3: the
                forward gather of the first unit), as a buggy rank would
   nan, inf     rank R writes NaN (Inf) into element 0 of the gradient of the last
@@ -50,6 +54,8 @@ FAULT_LOG_ENV = "ZERO_REF_FAULT_LOG"  # optional: a file each fired fault is app
 KINDS = (
     "raise",
     "kill",
+    "raise_in_flight",
+    "kill_in_flight",
     "skip_gather",
     "nan",
     "inf",
@@ -102,7 +108,7 @@ def inject_from_env(step: int, engine, environ: Mapping[str, str] = os.environ) 
 def arm(fault: Fault, engine) -> None:
     """Make `fault` happen during the engine's next step (or its next save)."""
     if fault.kind == "skip_gather":
-        _on_next_call(engine.comm, "allgather", lambda original, *a, **k: _fired(fault))
+        _on_next_call(engine.comm, ("allgather", "iallgather"), lambda *a, **k: _skipped(fault))
         return
     engine.hooks = FaultHooks(fault, engine.hooks)
 
@@ -123,6 +129,12 @@ class FaultHooks(EngineHooks):
 
     def after_unit_backward(self, engine, i: int, micro: int) -> None:
         """In the middle of the step: poison or drop unit i's gradients, raise, or die."""
+        flying = len(engine.comm.in_flight)
+        if flying and self._fires("raise_in_flight", "kill_in_flight"):
+            _fired(self.fault, f"with {flying} collectives in flight")
+            if self.fault.kind == "raise_in_flight":
+                raise InjectedFault(f"injected fault {self.fault}")
+            os.kill(os.getpid(), signal.SIGKILL)
         if self._fires("nan", "inf", "drop_grad", "raise", "kill"):
             kind = self.fault.kind
             if kind in ("nan", "inf"):
@@ -169,10 +181,11 @@ def _poison_gradient(engine, i: int, value: float) -> None:
     first.reshape(-1)[:1] = value
 
 
-def _fired(fault: Fault) -> None:
+def _fired(fault: Fault, detail: str = "") -> None:
     """Say that the fault fired, on stderr and, if ZERO_REF_FAULT_LOG names a file, there
     too: mpirun may drop a rank's last output when the job aborts, a file keeps it."""
-    line = f"zero_ref fault: {fault} fired (pid {os.getpid()}) at t={time.time():.3f}"
+    detail = f" {detail}" if detail else ""
+    line = f"zero_ref fault: {fault} fired{detail} (pid {os.getpid()}) at t={time.time():.3f}"
     print(line, file=sys.stderr, flush=True)
     log = os.environ.get(FAULT_LOG_ENV)
     if log:
@@ -180,16 +193,33 @@ def _fired(fault: Fault) -> None:
             f.write(line + "\n")
 
 
-def _on_next_call(obj, name: str, action: Callable) -> None:
-    """Route the next call of obj.<name>(...) to action(original, ...), once."""
-    original = getattr(obj, name)
-    own = name in vars(obj)  # a module's function (put back) or a class's method
+def _skipped(fault: Fault):
+    """A gather this rank skips: nothing sent; an issued one returns a request that is
+    already complete (MPI_REQUEST_NULL), as if the bytes had come."""
+    _fired(fault)
+    return _NothingInFlight()
+
+
+class _NothingInFlight:
+    def wait(self) -> None:
+        """Nothing was issued, so nothing to wait for."""
+
+
+def _on_next_call(obj, names: tuple[str, ...], action: Callable) -> None:
+    """Route the next call of any of obj.<names>(...) to action(...), once: every name
+    is put back at the first call."""
+    originals = {name: (getattr(obj, name), name in vars(obj)) for name in names}
+
+    def restore() -> None:
+        for name, (original, own) in originals.items():
+            if own:
+                setattr(obj, name, original)  # a module's function
+            else:
+                delattr(obj, name)  # the class's method shows through again
 
     def once(*args, **kwargs):
-        if own:
-            setattr(obj, name, original)
-        else:
-            delattr(obj, name)  # the class's method shows through again
-        return action(original, *args, **kwargs)
+        restore()
+        return action(*args, **kwargs)
 
-    setattr(obj, name, once)
+    for name in names:
+        setattr(obj, name, once)

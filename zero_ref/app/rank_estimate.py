@@ -20,12 +20,14 @@ from zero_ref.dtypes import ElementBytes, element_bytes
 from zero_ref.layout.flat import FlatLayout, model_layout
 from zero_ref.memory_formulas import (
     FP32,
+    OverlapBuffers,
     buffer_formula_bytes,
     formula_bytes,
     gpt_activation_bytes,
     grads_on_disk,
     mlp_activation_bytes,
     offload_buffer_bytes,
+    overlap_buffers,
 )
 from zero_ref.models.gpt import GPT
 from zero_ref.models.mlp import CharMLP
@@ -74,12 +76,17 @@ def state_bytes(
     bucket_numel: int,
     grad_accum: int,
     sizes: ElementBytes = FP32,
+    overlap_cfg=None,
 ) -> dict[str, int]:
     """Bytes by ledger category that a rank of `stage` allocates: the ledger's own
-    formulas, from the layout and the precision alone."""
+    formulas, from the layout and the precision alone (and with `overlap_cfg`, a
+    ZeroConfig, the buffers its overlap and stage-3 plan add)."""
     world = layout.world_size
     unit_numels = [u.padded_numel for u in layout.units]
-    buffers = buffer_formula_bytes(stage, unit_numels, world, bucket_numel, grad_accum, sizes)
+    overlap = OverlapBuffers() if overlap_cfg is None else overlap_buffers(unit_numels, overlap_cfg)
+    buffers = buffer_formula_bytes(
+        stage, unit_numels, world, bucket_numel, grad_accum, sizes, overlap
+    )
     return {**formula_bytes(stage, layout.full_numel, world, grad_accum, sizes), "buffers": buffers}
 
 
@@ -105,15 +112,17 @@ def estimate_rank(
     sizes: ElementBytes = FP32,
     offload_pool: tuple[int, int] | None = None,
     offload_param: bool = False,
+    overlap_cfg=None,
 ) -> RankEstimate:
     """One rank's peak for a run of `model` at `stage` on `world` ranks (`sizes`: the
     bytes per element of each kind of array, fp32 by default). With offload_pool =
     (sub_group_size, buffer_count) the optimizer state is on disk (and at stages 2-3
     the gradient shard: grads_on_disk), and RAM holds the pool of buffer_count x
     offload_pool_rows sub-groups instead, and the gradient's landing strip; with
-    offload_param (stage 3) the parameter shard is on disk too."""
+    offload_param (stage 3) the parameter shard is on disk too; overlap_cfg (a
+    ZeroConfig): the buffers --overlap-comm and stage 3's prefetch plan add."""
     layout = model_layout(model, world)
-    states = state_bytes(layout, stage, bucket_numel, grad_accum, sizes)
+    states = state_bytes(layout, stage, bucket_numel, grad_accum, sizes, overlap_cfg)
     if offload_pool is not None and stage >= 1:
         sub_group, count = offload_pool
         shards = [u.shard_numel for u in layout.units]
@@ -154,6 +163,7 @@ def estimate_for(
         if zero.offload_optimizer == "nvme"
         else None,
         offload_param=zero.offload_param == "nvme",
+        overlap_cfg=zero,
     )
 
 

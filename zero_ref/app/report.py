@@ -87,9 +87,12 @@ def comm_table(
     world: int,
     k: int,
     sizes: ElementBytes = FP32,
+    gathers: list[int] | None = None,
 ) -> str:
     """Bytes each rank sent in the last step, by collective, beside the paper's volume
-    and zero_ref's own schedule. unit_numels: the padded unit sizes, forward order."""
+    and zero_ref's own schedule. unit_numels: the padded unit sizes, forward order;
+    gathers: stage 3's gathers of each unit per step, where its plan holds more than
+    one unit (None: the one-buffer schedule's)."""
     kinds = sorted({k for r in reports for k in r["comm_last_step"]} - set(COPY_KINDS))
     lines = [
         "communication in the last step, bytes sent per rank "
@@ -100,7 +103,7 @@ def comm_table(
         step = r["comm_last_step"]
         cells = "".join(f"{int(step.get(kind, {}).get('sent_bytes', 0)):>16,}" for kind in kinds)
         lines.append(f"{r['rank']:>4} {cells}{CommLedger.step_sent_bytes(step):>16,}")
-    lines += _volume_lines(stage, unit_numels, world, k, sizes)
+    lines += _volume_lines(stage, unit_numels, world, k, sizes, gathers)
     for r in reports:
         down, up, grads, params = (
             CommLedger.step_copied_bytes(r["comm_last_step"], kind) for kind in COPY_KINDS
@@ -119,20 +122,26 @@ def comm_table(
 
 
 def _volume_lines(
-    stage: int, unit_numels: list[int], world: int, k: int, sizes: ElementBytes
+    stage: int,
+    unit_numels: list[int],
+    world: int,
+    k: int,
+    sizes: ElementBytes,
+    gathers: list[int] | None = None,
 ) -> list[str]:
     """The paper's Sec. 7 volume (one micro-step, in the parameters' bytes), and what
     zero_ref's schedule sends: k micro-steps, at stage 3 no gather of a unit the buffer
     already holds, gradients in the wire's dtype."""
     paper = paper_sent_bytes(stage, sum(unit_numels), world, 1, sizes.param)
-    expected = expected_sent_bytes(stage, unit_numels, world, k, sizes)
+    expected = expected_sent_bytes(stage, unit_numels, world, k, sizes, gathers=gathers)
     lines = [f"paper (Sec. 7), params + grads, one micro-step: {paper:,} bytes per rank"]
     if expected != paper:
         why = []
         if k > 1:
             why.append(f"{k} micro-steps")
         if stage == 3:
-            why.append("no re-gather of the unit in the buffer")
+            held = "the units in the buffers" if gathers else "the unit in the buffer"
+            why.append(f"no re-gather of {held}")
         if sizes.comm != sizes.param or (stage == 0 and sizes.grad != sizes.param):
             why.append(f"{sizes.comm}-byte gradients on the wire")
         lines.append(f"this schedule ({', '.join(why)}): {expected:,} bytes per rank per step")

@@ -41,6 +41,7 @@ GROUPS = {  # argparse groups of --help, in order; docs/flags.md has one table e
     "engine": "ZeRO engine",
     "precision": "mixed precision (docs/precision.md)",
     "offload": "offload (docs/offload.md)",
+    "overlap": "overlap and prefetch (docs/stages.md)",
     "device": "device (docs/gpu.md)",
     "optimizer": "optimizer (AdamW) and schedule",
     "run": "run",

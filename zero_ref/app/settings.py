@@ -19,6 +19,7 @@ from zero_ref.config import (
     OFFLOAD_DEVICES,
     OPTIMIZER_OFFLOAD,
     PRECISIONS,
+    PROGRESS_MODES,
     STAGES,
 )
 from zero_ref.optim.lr_schedule import SCHEDULES
@@ -121,6 +122,29 @@ OFFLOAD = (
             "least 3)", int, minimum=3, cli_range=False,
             ds=(ZO + "offload_optimizer.buffer_count",), feeds=Z + "buffer_count"),
 )
+OVERLAP = (
+    Setting("overlap_comm", "overlap", "issue collectives and wait for them later (values "
+            "unchanged): stages 1-2 reduce buckets while backward goes on and each unit "
+            "waits only for its own all-gather; stage 3 gathers units ahead of use", bool,
+            ds=(ZO + "overlap_comm",), feeds=Z + "overlap_comm"),
+    Setting("progress", "overlap", "what advances an issued collective: test (MPI_Testall "
+            "at unit boundaries), thread (a polling thread), mpich (MPICH's progress "
+            "thread: launch with MPIR_CVAR_ASYNC_PROGRESS=1), none (only the wait)",
+            choices=PROGRESS_MODES, feeds=Z + "progress"),
+    Setting("prefetch_numel", "overlap", "stage 3 with --overlap-comm: elements of upcoming "
+            "units gathered ahead of use (0: none)", int, None, minimum=0,
+            ds=(ZO + "stage3_prefetch_bucket_size",), ds_parse=dv.whole_integer(0),
+            feeds=Z + "prefetch_numel", default_text="one unit ahead"),
+    Setting("max_live_numel", "overlap", "stage 3: the most gathered-parameter elements a "
+            "rank holds at once, prefetched ones included (at least the widest unit)", int,
+            None, minimum=1, ds=(ZO + "stage3_max_live_parameters",),
+            ds_parse=dv.whole_integer(1), feeds=Z + "max_live_numel",
+            default_text="no bound beyond the prefetch"),
+    Setting("persistence_numel", "overlap", "stage 3: units with fewer elements stay "
+            "gathered from their first gather until the update", int, minimum=0,
+            ds=(ZO + "stage3_param_persistence_threshold",), ds_parse=dv.whole_integer(0),
+            feeds=Z + "persistence_numel"),
+)
 DEVICE = (
     Setting("device", "device", "gpu: the engine's arrays in device memory, the update phase "
             "as CUDA kernels, collectives staged through host (numba-cuda's simulator for "
@@ -213,7 +237,9 @@ MODEL = (
     Setting("d_model", "model", "gpt: model width", int, 64, minimum=1, feeds=R + "d_model"),
 )
 # fmt: on
-SETTINGS = ENGINE + PRECISION + OFFLOAD + DEVICE + OPTIMIZER + RUN + FILES + CHECKPOINTS + MODEL
+SETTINGS = (
+    ENGINE + PRECISION + OFFLOAD + OVERLAP + DEVICE + OPTIMIZER + RUN + FILES + CHECKPOINTS + MODEL
+)
 BY_DEST = settings_by_dest(SETTINGS)
 DS_KEYS = ds_keys(SETTINGS)  # "zero_optimization.stage" -> the stage's Setting
 DEFAULTS = {s.dest: s.default for s in SETTINGS}

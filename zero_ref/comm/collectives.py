@@ -37,14 +37,18 @@ from mpi4py import MPI
 
 from zero_ref.comm import schedule
 from zero_ref.comm.ledger import CommLedger
+from zero_ref.comm.nonblocking import NonBlockingCollectives
+from zero_ref.comm.progress import Progress, progress_for
 from zero_ref.comm.reduction import MPIReduction, OrderedReduction, sum_16bit_words, words_of
 from zero_ref.dtypes import HOST, HostArrays
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")  # what collectives accept
 
 
-class Comm:
-    """A communicator, its reduction policy and its ledger, passed explicitly."""
+class Comm(NonBlockingCollectives):
+    """A communicator, its reduction policy and its ledger, passed explicitly; its
+    non-blocking calls (ireduce_scatter_sum, iallgather, iallgather_in_place) are
+    zero_ref/comm/nonblocking.py's."""
 
     def __init__(
         self,
@@ -52,10 +56,13 @@ class Comm:
         reduction: MPIReduction | OrderedReduction | None = None,
         check_schedule: bool = False,
         arrays: HostArrays = HOST,
+        progress: Progress | None = None,
     ) -> None:
         """arrays: what the buffers are (their temporaries, roundings and the wait before
         MPI touches them): HostArrays, or DeviceArrays for device buffers handed to a
-        CUDA-aware MPI (zero_ref/comm/choose.py's device_comm)."""
+        CUDA-aware MPI (zero_ref/comm/choose.py's device_comm). progress: what drives
+        the non-blocking calls between issue and wait (zero_ref/comm/progress.py;
+        default "none": MPI's own calls only)."""
         self.mpi = mpi_comm
         self.arrays = arrays
         self.path = "MPI: host buffers"  # how buffers reach MPI, for the run's first line
@@ -66,6 +73,8 @@ class Comm:
         self.check_schedule = check_schedule
         self.step: int | None = None  # labels for the collectives that follow
         self.where = ""
+        self.progress = progress_for("none", mpi_comm) if progress is None else progress
+        self.in_flight: list = []  # InFlight calls issued and not yet waited for
 
     @property
     def host_comm(self) -> Comm:

@@ -100,6 +100,28 @@ class CommLedger:
             args = {"sent_bytes": int(sent_bytes), "recv_bytes": int(recv_bytes)}
             self.trace.complete(kind, "collectives", start, seconds, where=self.where, **args)
 
+    def record_issued(self, kind: str, sent_bytes: int, recv_bytes: int) -> None:
+        """A non-blocking collective was issued: one call and its bytes, counted in the
+        step that issues it (zero_ref/comm/in_flight.py); its seconds come at its wait."""
+        t = self.current[kind]
+        t.calls += 1
+        t.sent_bytes += int(sent_bytes)
+        t.recv_bytes += int(recv_bytes)
+
+    def record_waited(
+        self, kind: str, issued_at: float, blocked: float, where: str, **args
+    ) -> None:
+        """A non-blocking collective completed: the seconds this rank was blocked on it
+        (issuing it, and its wait) go to the step in progress, so a step's seconds are
+        the communication compute did not hide. On the trace it is two events: the
+        whole flight, issue to completion (lane "in flight"), and the wait (lane
+        "collectives")."""
+        self.current[kind].seconds += blocked
+        if self.trace is not None:
+            now = time.perf_counter()
+            self.trace.complete(kind, "in flight", issued_at, now - issued_at, where=where, **args)
+            self.trace.complete(f"wait {kind}", "collectives", now - blocked, blocked, where=where)
+
     def record_copy(self, kind: str, nbytes: int, seconds: float) -> None:
         """A copy between host and device memory (kind in COPY_KINDS): PCIe bytes,
         counted apart from what crosses the network."""
@@ -162,6 +184,7 @@ def expected_sent_bytes(
     sizes: ElementBytes = FP32,
     skipped: bool = False,
     after_skipped: bool = False,
+    gathers: Sequence[int] | None = None,
 ) -> int:
     """Bytes one rank sends per step for parameters and gradients in zero_ref's schedule.
 
@@ -172,14 +195,18 @@ def expected_sent_bytes(
     backward gather serves the next micro-step's forward. unit_numels are the
     padded sizes, in forward order. A skipped step (a NaN/Inf gradient) updates
     nothing, so stages 1-2 gather nothing after it, and at stage 3 the step after
-    it (`after_skipped`) finds unit 0 still in the buffer, unchanged."""
+    it (`after_skipped`) finds unit 0 still in the buffer, unchanged. `gathers`: each
+    unit's gathers per step where stage 3 holds more than one unit (prefetch buffers,
+    persistent units: zero_ref/engine/gathered_unit.py's gathers_per_step)."""
     psi, k = sum(unit_numels), grad_accum
     fraction = (world_size - 1) / world_size
     if stage == 0:
         return int(fraction * psi * k * (sizes.comm + sizes.grad))
     if stage < 3:
         return int(fraction * psi * (k * sizes.comm + (0 if skipped else sizes.param)))
-    counts = stage3_gathers(len(unit_numels), grad_accum, held=0 if after_skipped else None)
+    counts = gathers or stage3_gathers(
+        len(unit_numels), grad_accum, held=0 if after_skipped else None
+    )
     gathered = sum(n * c for n, c in zip(unit_numels, counts, strict=True))
     return int(fraction * (sizes.param * gathered + sizes.comm * k * psi))
 

@@ -8,18 +8,28 @@
   sum_16bit_words   16-bit values (no MPI type for bfloat16): an Alltoall of the
                     words, widened to float32, added in rank order, rounded once.
 
+Each sum also has an issued form (`ireduce_scatter`, `isum_16bit_words`) for the
+non-blocking calls of zero_ref/comm/nonblocking.py: the same bytes moved, the same
+additions in the same order, made when the bytes are in.
+
 Each takes the `arrays` of its Comm (zero_ref/dtypes.py HostArrays, or the GPU
 path's DeviceArrays): where its temporaries live and how 16 bits are converted.
-zero_ref/comm/collectives.py's Comm is the only caller.
+zero_ref/comm/collectives.py's Comm (and nonblocking.py's calls) the only callers.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 from mpi4py import MPI
 
 from zero_ref.dtypes import HOST, HostArrays
 from zero_ref.rank_order import sum_in_rank_order
+
+# An issued sum: the MPI request, what completes it once the bytes are in (None: MPI
+# wrote the result), and the temporaries MPI uses until then (zero_ref/comm/in_flight.py).
+Issued = tuple[MPI.Request, Callable[[], None] | None, tuple]
 
 
 class MPIReduction:
@@ -33,6 +43,10 @@ class MPIReduction:
     def allreduce(self, mpi: MPI.Comm, buf, arrays: HostArrays = HOST) -> None:
         mpi.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
 
+    def ireduce_scatter(self, mpi: MPI.Comm, send, recv, arrays: HostArrays = HOST) -> Issued:
+        """reduce_scatter, issued: MPI writes the sum into recv when it completes."""
+        return mpi.Ireduce_scatter_block(send, recv, op=MPI.SUM), None, ()
+
 
 class OrderedReduction:
     """Sums in rank order: Alltoall the blocks, then add them up left to right."""
@@ -43,6 +57,12 @@ class OrderedReduction:
         rows = _rows(arrays, mpi.Get_size(), recv.size, np.float32)  # row r: rank r's block
         mpi.Alltoall(send, rows)
         sum_in_rank_order(rows, recv)
+
+    def ireduce_scatter(self, mpi: MPI.Comm, send, recv, arrays: HostArrays = HOST) -> Issued:
+        """reduce_scatter, issued: the Alltoall now, the rank-order sum on completion
+        (the same sum, whenever the rows arrive)."""
+        rows = _rows(arrays, mpi.Get_size(), recv.size, np.float32)
+        return mpi.Ialltoall(send, rows), lambda: sum_in_rank_order(rows, recv), (rows,)
 
     def allreduce(self, mpi: MPI.Comm, buf, arrays: HostArrays = HOST) -> None:
         mine = arrays.temporary(buf.size // mpi.Get_size(), np.float32)
@@ -67,6 +87,22 @@ def sum_16bit_words(mpi: MPI.Comm, send, recv, arrays: HostArrays = HOST) -> Non
     arrays.sum_widened_rows(words.view(send.dtype), total)  # one pass: widen, add in order
     if total is not recv:
         arrays.round_into(recv, total)
+
+
+def isum_16bit_words(mpi: MPI.Comm, send, recv, arrays: HostArrays = HOST) -> Issued:
+    """sum_16bit_words, issued: the Alltoall of the words now; widening, the rank-order
+    sum and the one rounding when it completes."""
+    words = _rows(arrays, mpi.Get_size(), recv.size, np.uint16)  # row r: rank r's block
+    request = mpi.Ialltoall(words_of(send), words)
+    dtype = send.dtype
+
+    def finish() -> None:
+        total = recv if recv.dtype == np.float32 else arrays.temporary(recv.size, np.float32)
+        arrays.sum_widened_rows(words.view(dtype), total)
+        if total is not recv:
+            arrays.round_into(recv, total)
+
+    return request, finish, (words,)
 
 
 def words_of(buf: np.ndarray) -> np.ndarray:

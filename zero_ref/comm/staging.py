@@ -25,6 +25,7 @@ from collections.abc import Callable
 import numpy as np
 
 from zero_ref.comm.collectives import Comm
+from zero_ref.comm.in_flight import InFlight
 from zero_ref.gpu.copies import copy_in, copy_out, host_dtype
 
 HostEmpty = Callable[[int, np.dtype], np.ndarray]  # np.empty, or numba.cuda.pinned_array
@@ -39,11 +40,12 @@ class HostStaging:
     def __init__(self, comm: Comm, host_empty: HostEmpty | None = None) -> None:
         self.comm = comm
         self.host_empty = host_empty or (lambda n, dtype: np.empty(n, dtype))
-        self.buffers: dict[tuple[int, str], np.ndarray] = {}
+        self.buffers: dict[tuple, np.ndarray] = {}
         self.memory = None  # an engine's MemoryLedger, once track_memory is called
 
-    def buffer(self, slot: int, numel: int, dtype: np.dtype) -> np.ndarray:
-        """numel elements of host buffer `slot` for `dtype` (grown when too small)."""
+    def buffer(self, slot: int | tuple, numel: int, dtype: np.dtype) -> np.ndarray:
+        """numel elements of host buffer `slot` for `dtype` (grown when too small); a
+        non-blocking call's slot is (its lane, SEND or RECV)."""
         key = (slot, np.dtype(dtype).name)
         held = self.buffers.get(key)
         if held is None or held.size < numel:
@@ -58,15 +60,17 @@ class HostStaging:
         for key, held in self.buffers.items():
             self._register(key, held)
 
-    def _register(self, key: tuple[int, str], held: np.ndarray) -> None:
+    def _register(self, key: tuple, held: np.ndarray) -> None:
         if self.memory is not None:  # a grown buffer replaces the old one under its name
-            slot = "send" if key[0] == self.SEND else "recv"
-            self.memory.hold("buffers", f"host staging ({slot}, {key[1]})", held)
+            lane, slot = key[0] if isinstance(key[0], tuple) else (None, key[0])
+            which = "send" if slot == self.SEND else "recv"
+            lane = "" if lane is None else f", {lane}"  # a non-blocking call's lane
+            self.memory.hold("buffers", f"host staging ({which}, {key[1]}{lane})", held)
 
     def held_bytes(self) -> int:
         return sum(b.nbytes for b in self.buffers.values())
 
-    def to_host(self, device, slot: int) -> np.ndarray:
+    def to_host(self, device, slot: int | tuple) -> np.ndarray:
         """A host copy of device array `device`, in buffer `slot`."""
         host = self.buffer(slot, device.shape[0], host_dtype(device))
         return self.copy_down(device, host)
@@ -148,6 +152,43 @@ class StagedComm:
         self.host_comm.allgather_in_place(host)
         self.staging.to_device(host[: r * n], buf[: r * n])
         self.staging.to_device(host[(r + 1) * n :], buf[(r + 1) * n :])
+
+    # ---- non-blocking (--overlap-comm): copied down at issue, back up at completion
+    def _lane(self, lane: str, slot: int) -> tuple:
+        """The host buffer of a non-blocking call in `lane` ("bucket 0", "gather 1",
+        "unit 3": the schedule names them): its own pair per lane, apart from the
+        blocking calls' (a lane is reused only after its call was waited for)."""
+        return (lane, slot)
+
+    def ireduce_scatter_sum(self, send, recv, lane: str = "") -> InFlight:
+        """reduce_scatter_sum, issued; recv is written when it is waited for."""
+        host_send = self.staging.to_host(send, self._lane(lane, self.SEND))
+        host_recv = self.staging.buffer(
+            self._lane(lane, self.RECV), recv.shape[0], host_dtype(recv)
+        )
+        flight = self.host_comm.ireduce_scatter_sum(host_send, host_recv)
+        return flight.then(lambda: self.staging.to_device(host_recv, recv))
+
+    def iallgather(self, send, recv, kind: str = "allgather", lane: str = "") -> InFlight:
+        """allgather, issued; recv is written when it is waited for."""
+        host_send = self.staging.to_host(send, self._lane(lane, self.SEND))
+        host_recv = self.staging.buffer(
+            self._lane(lane, self.RECV), recv.shape[0], host_dtype(recv)
+        )
+        flight = self.host_comm.iallgather(host_send, host_recv, kind)
+        return flight.then(lambda: self.staging.to_device(host_recv, recv))
+
+    def iallgather_in_place(self, buf, lane: str = "") -> InFlight:
+        """allgather_in_place, issued: this rank's block down now, the others' up after."""
+        n, r = buf.shape[0] // self.size, self.rank
+        host = self.staging.buffer(self._lane(lane, self.SEND), buf.shape[0], host_dtype(buf))
+        self.staging.copy_down(buf[r * n : (r + 1) * n], host[r * n : (r + 1) * n])
+
+        def up() -> None:
+            self.staging.to_device(host[: r * n], buf[: r * n])
+            self.staging.to_device(host[(r + 1) * n :], buf[(r + 1) * n :])
+
+        return self.host_comm.iallgather_in_place(host).then(up)
 
     def gather_to_root(self, send, recv, kind: str) -> None:
         """recv (W*n,) on rank 0 <- every rank's send (n,); recv None elsewhere."""

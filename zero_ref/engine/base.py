@@ -144,9 +144,17 @@ class EngineBase(SharedStep, StateIO):
         self.swap.release_all()
 
     def close(self) -> None:
-        """Stop the I/O threads and remove the swap files (a clean end of the run)."""
+        """Wait for what is in flight, stop the progress policy and the I/O threads,
+        and remove the swap files (a clean end of the run)."""
+        self.settle()
+        self.schedule.close()
         self.optimizer_store.close()
         self.swap.close()
+
+    def settle(self) -> None:
+        """Wait for every collective still in flight (--overlap-comm): before state is
+        read or written from outside the step (checkpoints, exports, the oracle check)."""
+        self.schedule.settle()
 
     def _widened(self, flat: np.ndarray) -> np.ndarray:
         """A unit's parameters as the model reads them: float32 ones as they are,
@@ -166,6 +174,11 @@ class EngineBase(SharedStep, StateIO):
     def device_description(self) -> str | None:
         """The device that holds the model's arrays (--device gpu), or None: RAM."""
         return getattr(self.place, "description", None)
+
+    def gathers(self) -> list[int] | None:
+        """Stage 3's all-gathers of each unit per step where its plan holds more than one
+        unit (prefetch buffers, persistent units); None: the paper's one at a time."""
+        return None
 
     def memory_report(self) -> dict:
         """The memory ledger as plain data: bytes by category in RAM, on disk, on the

@@ -1,66 +1,220 @@
-"""Stage 3's gathered unit: the one reused buffer a unit's parameters are gathered
-into, with explicit states (ZeRO, Sec. 5.3: P_os+g+p; FSDP2's ShardedState /
-TrainingState are the model).
+"""Stage 3's gathered units: the reused buffers units' parameters are gathered into,
+with explicit states (ZeRO, Sec. 5.3: P_os+g+p; FSDP2's ShardedState /
+TrainingState are the model), and the prefetch that fills them ahead of use.
 
-  EMPTY   it holds no unit's current parameters (at creation, after the update,
-          after the parameters were filled or loaded, after lending it out)
-  IN_USE  unit i was gathered and compute is reading it (forward or backward)
-  HELD    compute released unit i; the buffer still holds its values, so asking
-          for unit i again (the last unit's forward is followed by its backward,
-          unit 0's backward by the next micro-step's forward) gathers nothing
+Each buffer (the parameters' dtype, the widest unit) is in one state:
 
-acquire(i): EMPTY or HELD -> IN_USE (a gather unless HELD holds unit i);
-release(i): IN_USE(i) -> HELD(i); invalidate(): EMPTY or HELD -> EMPTY, the one
-place that forgets the buffer's contents. Anything else is a bug and asserts.
+  EMPTY      it holds no unit's current parameters (at creation, after the update,
+             after the parameters were filled or loaded, after lending it out)
+  IN_FLIGHT  unit i's all-gather was issued ahead of use (--overlap-comm): MPI
+             writes the buffer; nothing reads it until the gather is waited for
+  IN_USE     unit i was gathered and compute is reading it (forward or backward)
+  HELD       compute released unit i; the buffer still holds its values, so asking
+             for unit i again (the last unit's forward is followed by its backward,
+             unit 0's backward by the next micro-step's forward) gathers nothing
+
+acquire(i): unit i IN_USE (waited for if IN_FLIGHT, gathered now if in no
+buffer), then the prefetch; release(i): IN_USE(i) -> HELD(i); invalidate():
+every buffer EMPTY, a gather still in flight waited for and dropped (DeepSpeed
+PR #6557 left unused prefetches in flight). Anything else is a bug and asserts:
+a buffer is never gathered into while in use or in flight (DeepSpeed #7965 was
+a buffer reused while queued work still read it).
+
+The prefetch (FSDP's forward_prefetch / BACKWARD_PRE, DeepSpeed's stage-3
+prefetch coordinator): after unit i is acquired, the units the step reads next
+(`upcoming`, in order: forward then backward) are gathered into free buffers, as
+many as the PrefetchPlan allows (zero_ref/memory_formulas.py's prefetch_plan).
+The blocking schedule's plan has one buffer and no prefetch: the paper's one
+gathered unit at a time.
+
+Units smaller than the persistence threshold (stage3_param_persistence_threshold)
+have a buffer of their own, gathered at first use after each update and kept.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from enum import Enum
 
 import numpy as np
 
+from zero_ref.memory_formulas import PrefetchPlan
+
 
 class UnitState(Enum):
     EMPTY = "empty"
+    IN_FLIGHT = "in flight"
     IN_USE = "in use"
     HELD = "held"
 
 
-class GatheredUnit:
-    """The buffer (the parameters' dtype, the widest unit) and which unit it holds."""
+class Slot:
+    """One buffer and what it holds."""
 
     def __init__(self, buffer: np.ndarray) -> None:
         self.buffer = buffer
-        self.state, self.unit = UnitState.EMPTY, None
+        self.state, self.unit, self.pending = UnitState.EMPTY, None, None
 
-    def acquire(self, i: int, numel: int, gather: Callable[[np.ndarray], None]) -> np.ndarray:
-        """Unit i's first `numel` elements, gathered by gather(out) unless held already."""
-        assert self.state is not UnitState.IN_USE, f"unit {i} acquired while {self.unit} in use"
-        if not (self.state is UnitState.HELD and self.unit == i):
-            gather(self.buffer[:numel])
-        self.state, self.unit = UnitState.IN_USE, i
-        return self.buffer[:numel]
+
+# issue(i, out, lane) -> a Pending; complete(i, pending): wait for it and finish up
+Issue = Callable[[int, np.ndarray, int], object]
+Complete = Callable[[int, object], None]
+
+
+class GatheredUnits:
+    """The buffers, which unit each holds, and the prefetch into them."""
+
+    def __init__(
+        self,
+        buffers: list[np.ndarray],
+        persistent: dict[int, np.ndarray],
+        plan: PrefetchPlan,
+        numel_of: Callable[[int], int],
+        issue: Issue,
+        complete: Complete,
+    ) -> None:
+        self.slots = [Slot(b) for b in buffers]
+        self.kept = {i: Slot(b) for i, b in persistent.items()}  # persistent units' own
+        self.plan, self.numel_of, self.issue, self.complete = plan, numel_of, issue, complete
+
+    @property
+    def buffer(self) -> np.ndarray:
+        """The first buffer (what a lone gathered unit is gathered into)."""
+        return self.slots[0].buffer
+
+    # ---- the states
+    def acquire(self, i: int, upcoming: Iterable[int] = ()) -> np.ndarray:
+        """Unit i's padded parameters, IN_USE; then the upcoming units gathered ahead."""
+        upcoming = list(self._window(i, upcoming))
+        slot = self.kept.get(i) or self._holding(i)
+        if slot is None:
+            slot = self._gather_now(i, upcoming)
+        elif slot.state is UnitState.EMPTY:  # a persistent unit's first use since the update
+            self._start(slot, i)
+        assert slot.state is not UnitState.IN_USE, f"unit {i} acquired while in use"
+        if slot.state is UnitState.IN_FLIGHT:
+            self._finish(slot)
+        slot.state = UnitState.IN_USE
+        self._prefetch(upcoming)
+        return slot.buffer[: self.numel_of(i)]
 
     def release(self, i: int) -> None:
-        """Compute is done with unit i; its values stay until the next gather."""
-        assert self.state is UnitState.IN_USE and self.unit == i, (
-            f"unit {i} released while the buffer is {self.state.value} ({self.unit})"
+        """Compute is done with unit i; its values stay until the buffer is needed."""
+        slot = self.kept.get(i) or self._holding(i)
+        assert slot is not None and slot.state is UnitState.IN_USE, (
+            f"unit {i} released while not in use"
         )
-        self.state = UnitState.HELD
+        slot.state = UnitState.HELD
 
     def invalidate(self) -> None:
-        """The shard changed (update, fill, load) or the buffer is lent: forget it."""
-        assert self.state is not UnitState.IN_USE, f"unit {self.unit} invalidated in use"
-        self.state, self.unit = UnitState.EMPTY, None
+        """The shards changed (update, fill, load) or a buffer is lent: forget every
+        unit, waiting for (and dropping) any gather still in flight."""
+        for slot in self.slots + list(self.kept.values()):
+            assert slot.state is not UnitState.IN_USE, f"unit {slot.unit} invalidated in use"
+            if slot.state is UnitState.IN_FLIGHT:
+                self._finish(slot)
+            slot.state, slot.unit = UnitState.EMPTY, None
+
+    def finish_in_flight(self) -> None:
+        """Wait for every gather still in flight (its unit HELD after, still valid)."""
+        for slot in self.slots:
+            if slot.state is UnitState.IN_FLIGHT:
+                self._finish(slot)
 
     def lend(self, scratch: np.ndarray | None) -> np.ndarray:
         """A float32 buffer of the widest unit, idle between steps, for rank 0 to land
         streamed state in (zero_ref/engine/state_io.py): the float32 widening scratch
-        with 16-bit parameters (this buffer keeps its unit), else this buffer itself,
-        invalidated. Called on every rank, so all gather alike afterwards."""
+        with 16-bit parameters (the buffers keep their units), else the first buffer,
+        every unit invalidated. Called on every rank, so all gather alike afterwards."""
         if scratch is not None:
             return scratch
         self.invalidate()
         return self.buffer
+
+    def states(self) -> list[tuple[str, int | None]]:
+        """(state, unit) of each buffer: what tests and the trace look at."""
+        return [(s.state.value, s.unit) for s in self.slots]
+
+    # ---- where a unit goes
+    def _holding(self, i: int) -> Slot | None:
+        return next((s for s in self.slots if s.unit == i), None)
+
+    def _gather_now(self, i: int, upcoming: list[int]) -> Slot:
+        """Unit i is in no buffer: gather it into a free one (one is always freed: a
+        prefetched unit not used is waited for and dropped)."""
+        slot = self._free(protect=set(upcoming)) or self._free(protect=set())
+        if slot is None:  # every buffer in flight with units read later: drop the oldest
+            slot = next(s for s in self.slots if s.state is UnitState.IN_FLIGHT)
+            self._finish(slot)
+        self._start(slot, i)
+        return slot
+
+    def _window(self, i: int, upcoming: Iterable[int]) -> Iterable[int]:
+        """The upcoming units a prefetch may gather: distinct, not i, not persistent,
+        within the plan's unit and element limits."""
+        seen, numel = {i}, 0
+        for j in upcoming:
+            if len(seen) > self.plan.ahead_units:
+                return
+            if j in seen or j in self.plan.persistent:
+                continue
+            numel += self.numel_of(j)
+            if numel > self.plan.ahead_numel:
+                return
+            seen.add(j)
+            yield j
+
+    def _prefetch(self, upcoming: list[int]) -> None:
+        """Gather the window's units not yet in a buffer, while buffers are free."""
+        for j in upcoming:
+            if self._holding(j) is None:
+                slot = self._free(protect=set(upcoming))
+                if slot is None:
+                    return
+                self._start(slot, j)
+
+    def _free(self, protect: set[int]) -> Slot | None:
+        """An EMPTY buffer, else a HELD one whose unit is not about to be read."""
+        for state in (UnitState.EMPTY, UnitState.HELD):
+            for slot in self.slots:
+                if slot.state is state and slot.unit not in protect:
+                    return slot
+        return None
+
+    def _start(self, slot: Slot, i: int) -> None:
+        assert slot.state in (UnitState.EMPTY, UnitState.HELD), (
+            f"a gather into a buffer {slot.state.value} with unit {slot.unit}"
+        )
+        lane = self.slots.index(slot) if slot in self.slots else len(self.slots)
+        slot.pending = self.issue(i, slot.buffer[: self.numel_of(i)], lane)
+        slot.state, slot.unit = UnitState.IN_FLIGHT, i
+
+    def _finish(self, slot: Slot) -> None:
+        """Wait for slot's gather; the buffer holds its unit after (HELD until used)."""
+        self.complete(slot.unit, slot.pending)
+        slot.pending, slot.state = None, UnitState.HELD
+
+
+def gathers_per_step(plan: PrefetchPlan, unit_numels: list[int], grad_accum: int) -> list[int]:
+    """How often each unit is all-gathered in one step (after an update: nothing held)
+    under `plan`: this module's own policy run over the step's order of units (engine/
+    step.py's: forward, then backward, per micro-step) with gathers counted, not made.
+    The blocking plan gives comm/ledger.py's stage3_gathers."""
+    counts = [0] * len(unit_numels)
+
+    def issue(i: int, out: np.ndarray, lane: int) -> None:
+        counts[i] += 1
+
+    empty = [np.empty(0, np.uint8)] * plan.buffers
+    kept = {i: np.empty(0, np.uint8) for i in plan.persistent}
+    units = GatheredUnits(empty, kept, plan, unit_numels.__getitem__, issue, lambda i, p: None)
+    n = len(unit_numels)
+    for micro in range(grad_accum):
+        for i in range(n):
+            units.acquire(i, [*range(i + 1, n), *range(n - 1, -1, -1)])
+            units.release(i)
+        again = list(range(n)) if micro < grad_accum - 1 else []
+        for i in range(n - 1, -1, -1):
+            units.acquire(i, [*range(i - 1, -1, -1), *again])
+            units.release(i)
+    return counts

@@ -15,9 +15,20 @@ most bucket_numel elements, in the wire's dtype (16-bit with mixed precision:
 half the bytes), so the memory for reductions does not grow with the model,
 and neither do MPI's own temporaries (about one byte per element a
 reduce-scatter sends).
+
+With --overlap-comm (an OverlappingSchedule, two lanes) a bucket's reduce-scatter
+is issued and backward goes on (DeepSpeed's overlap_comm): the staging is
+double-buffered, bucket after bucket alternating lanes, and a lane is packed
+again only after its last reduction was waited for (DeepSpeed #5523/#5606 was a
+staging buffer refilled while its reduce was in flight: here an assertion, and
+tests/test_overlap.py checks the order of events). Each lane's sum lands in the
+lane's own receive buffer and is moved to its landing when it is retired, oldest
+first: the landings see the buckets one at a time, in the order blocking gives.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 import numpy as np
 
@@ -46,7 +57,13 @@ class GradientBuckets:
         self.landing = landing
         self.world = layout.world_size
         widest = self.plan.widest()
-        self.staging = place.zeros("buffers", "bucket_staging", self.world * widest, wire_dtype)
+        names = ["bucket_staging"] + [
+            f"bucket_staging (lane {k})" for k in range(1, schedule.lanes)
+        ]
+        self.staging = [place.zeros("buffers", n, self.world * widest, wire_dtype) for n in names]
+        self.flow = flow_for(schedule, landing, place, widest, landing.dtype)  # the gradient's
+        self.lane_of: dict[int, int] = {}  # bucket -> the lane it is packed in, until issued
+        self.next_lane = 0
 
     def unit_ready(self, i: int, unit_grads: np.ndarray, micro: int) -> None:
         """Unit i's padded gradient range is final: pack it, fire what it completes."""
@@ -56,22 +73,100 @@ class GradientBuckets:
             bucket = self.plan[k]
             lo = max(bucket.shard_offset, unit.shard_offset)
             hi = min(bucket.shard_offset + bucket.shard_numel, unit.shard_offset + unit.shard_numel)
-            staging = self._staging(bucket)
+            lane = self._lane(k)
+            staging = self._staging(bucket, lane)
             self.place.round_into(
                 staging[:, lo - bucket.shard_offset : hi - bucket.shard_offset],
                 rows[:, lo - unit.shard_offset : hi - unit.shard_offset],
             )  # a 16-bit wire rounds float32 gradients once here
             if bucket.first_unit == i:
-                self._reduce(bucket, staging, micro)
+                del self.lane_of[k]
+                self.flow.issue(bucket, staging.reshape(-1), micro, lane)
 
-    def _staging(self, bucket: Bucket) -> np.ndarray:
-        """The (W, columns) staging matrix of `bucket` (row r goes to rank r)."""
-        return self.staging[: self.world * bucket.shard_numel].reshape(self.world, -1)
+    def flush(self) -> None:
+        """The end of a micro-step's backward: every bucket's sum is in its landing."""
+        self.flow.drain()
 
-    def _reduce(self, bucket: Bucket, staging: np.ndarray, micro: int) -> None:
+    def _lane(self, k: int) -> int:
+        """The lane bucket k is packed in: the next one when it is first touched, after
+        that lane's previous reduction is retired."""
+        if k not in self.lane_of:
+            self.lane_of[k], self.next_lane = (
+                self.next_lane,
+                (self.next_lane + 1) % len(self.staging),
+            )
+            self.flow.free(self.lane_of[k])
+        return self.lane_of[k]
+
+    def _staging(self, bucket: Bucket, lane: int) -> np.ndarray:
+        """The (W, columns) staging matrix of `bucket` in `lane` (row r goes to rank r):
+        never one whose reduction is still in flight."""
+        assert not self.flow.busy(lane), f"staging lane {lane} packed while its reduce is in flight"
+        return self.staging[lane][: self.world * bucket.shard_numel].reshape(self.world, -1)
+
+
+class BlockingFlow:
+    """Each bucket reduced straight into its landing and waited for at once."""
+
+    def __init__(self, schedule: BlockingSchedule, landing) -> None:
+        self.schedule, self.landing = schedule, landing
+
+    def issue(self, bucket: Bucket, staging: np.ndarray, micro: int, lane: int) -> None:
         out = self.landing.landing(bucket, micro)
-        self.schedule.wait(self.schedule.reduce_bucket(staging.reshape(-1), out))
+        self.schedule.wait(self.schedule.reduce_bucket(staging, out, lane))
         self.landing.landed(bucket, out, micro)
+
+    def free(self, lane: int) -> None:
+        """Nothing is in flight."""
+
+    def busy(self, lane: int) -> bool:
+        return False
+
+    def drain(self) -> None:
+        """Nothing is in flight."""
+
+
+class OverlappedFlow:
+    """Reductions in flight, one per lane, each into its lane's receive buffer; retired
+    oldest first into the landing (the landings' order is blocking's)."""
+
+    def __init__(self, schedule: BlockingSchedule, landing, place, widest: int, dtype) -> None:
+        self.schedule, self.landing, self.place = schedule, landing, place
+        self.recv = [
+            place.zeros("buffers", f"bucket_recv (lane {k})", widest, dtype)
+            for k in range(schedule.lanes)
+        ]
+        self.queue: deque = deque()  # (lane, bucket, pending, micro), oldest first
+
+    def issue(self, bucket: Bucket, staging: np.ndarray, micro: int, lane: int) -> None:
+        out = self.recv[lane][: bucket.shard_numel]
+        self.queue.append((lane, bucket, self.schedule.reduce_bucket(staging, out, lane), micro))
+
+    def busy(self, lane: int) -> bool:
+        return any(queued[0] == lane for queued in self.queue)
+
+    def free(self, lane: int) -> None:
+        """Retire reductions, oldest first, until none is in flight in `lane`."""
+        while self.busy(lane):
+            self._retire()
+
+    def drain(self) -> None:
+        while self.queue:
+            self._retire()
+
+    def _retire(self) -> None:
+        lane, bucket, pending, micro = self.queue.popleft()
+        self.schedule.wait(pending)
+        out = self.landing.landing(bucket, micro)
+        self.place.round_into(out, self.recv[lane][: bucket.shard_numel])  # same dtype: a copy
+        self.landing.landed(bucket, out, micro)
+
+
+def flow_for(schedule: BlockingSchedule, landing, place, widest: int, dtype):
+    """The flow the schedule's lanes ask for: one lane blocks, more overlap."""
+    if schedule.lanes == 1:
+        return BlockingFlow(schedule, landing)
+    return OverlappedFlow(schedule, landing, place, widest, dtype)
 
 
 def bucket_plan(layout: FlatLayout, bucket_numel: int) -> BucketPlan:
@@ -92,6 +187,7 @@ class RowsOfFullGradient:
 
     def __init__(self, layout: FlatLayout, full_grads: np.ndarray, rank: int, place, widest):
         self.layout, self.full_grads, self.rank = layout, full_grads, rank
+        self.dtype = full_grads.dtype
         self.reduce_out = place.zeros("buffers", "reduce_out", widest, full_grads.dtype)
 
     def landing(self, bucket: Bucket, micro: int) -> np.ndarray:

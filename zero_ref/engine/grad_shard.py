@@ -46,6 +46,11 @@ class GradShardInRam:
         if grad_accum > 1:
             self.reduce_out = place.zeros("buffers", "reduce_out", widest, dtype)
 
+    @property
+    def dtype(self) -> np.dtype:
+        """What the buckets' sums are stored as (the gradient's dtype)."""
+        return self.array.dtype
+
     def landing(self, bucket: Bucket, micro: int) -> np.ndarray:
         """Where the reduce-scatter of `bucket` writes its sum."""
         lo, hi = _span(bucket)

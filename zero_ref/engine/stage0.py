@@ -54,7 +54,9 @@ class Stage0DataParallel(EngineBase):
     def _optimizer_numel(self) -> int:
         return self.layout.full_numel
 
-    def unit_params(self, i: int) -> dict[str, np.ndarray]:
+    def unit_params(self, i: int, upcoming=()) -> dict[str, np.ndarray]:
+        """Unit i's parameters as the model reads them (`upcoming`: the units the step
+        reads next, in order, for a stage that gathers ahead; unused here)."""
         unit = self.layout.units[i]
         return tensor_views(self._widened(self.full_params[unit.full_slice()]), unit)
 

@@ -2,13 +2,16 @@
 
 Adds to stage 0: each rank keeps AdamW's m and v (and, with 16-bit parameters,
 the float32 master weights) only for its slice of every unit, so optimizer
-memory drops from K Psi to K Psi / Nd bytes. After backward the gradients are
-reduce-scattered in buckets (zero_ref/engine/grad_buckets.py; each rank receives
-the sum for its slice only, written back into its own rows of the full gradient
-buffer, or with grad_accum > 1 into a gradient shard that sums the micro-steps),
-the rank updates its slice of the parameters, and an all-gather brings every
-rank the updated full parameters. Backward still writes a full-size gradient
-buffer.
+memory drops from K Psi to K Psi / Nd bytes. After backward (with --overlap-comm:
+as backward finishes each unit) the gradients go through the buckets, each
+complete bucket reduce-scattered (zero_ref/engine/grad_buckets.py; each rank
+receives the sum for its slice only,
+written back into its own rows of the full gradient buffer, or with grad_accum >
+1 into a gradient shard that sums the micro-steps), the rank updates its slice
+of the parameters, and an all-gather brings every rank the updated full
+parameters, one unit at a time; the next forward reads a unit once its own
+gather is complete (with --overlap-comm, the rest still in flight). Backward
+still writes a full-size gradient buffer.
 """
 
 from __future__ import annotations
@@ -67,7 +70,11 @@ class Stage1OptimizerSharded(Stage0DataParallel):
             )
         self._make_buckets(plan, landing)
 
+    def _init_updated_gathers(self) -> None:
+        self.updated_gathers: dict[int, object] = {}  # unit -> its gather, until waited for
+
     def _make_buckets(self, plan, landing) -> None:
+        self._init_updated_gathers()
         self.buckets = GradientBuckets(
             self.layout, plan, self.schedule, self.place, self.precision.comm, landing
         )
@@ -75,10 +82,35 @@ class Stage1OptimizerSharded(Stage0DataParallel):
     def _optimizer_numel(self) -> int:
         return self.layout.shard_numel
 
+    def on_unit_backward_done(self, i: int, micro: int) -> None:
+        """Unit i's gradients are final in the full buffer: the schedule says whether
+        they go into the buckets now or after backward."""
+        super().on_unit_backward_done(i, micro)
+        self.schedule.full_gradient_unit_done(i, lambda j: self._into_buckets(j, micro))
+
     def on_backward_done(self, micro: int) -> None:
-        """The whole gradient is ready: send every unit through the buckets, last first."""
-        for i in range(len(self.layout.units) - 1, -1, -1):
-            self.buckets.unit_ready(i, self.full_grads[self.layout.units[i].full_slice()], micro)
+        """The rest of the units into the buckets (all of them, blocking), then wait
+        for the reductions still in flight."""
+        n = len(self.layout.units)
+        self.schedule.full_gradient_done(n, lambda j: self._into_buckets(j, micro))
+        self.buckets.flush()
+
+    def _into_buckets(self, i: int, micro: int) -> None:
+        """Unit i's full gradient into the buckets, which reduce each one it completes."""
+        self.buckets.unit_ready(i, self.full_grads[self.layout.units[i].full_slice()], micro)
+
+    def unit_params(self, i: int, upcoming=()) -> dict[str, np.ndarray]:
+        """Unit i's parameters, once its all-gather of the last update is complete."""
+        pending = self.updated_gathers.pop(i, None)
+        if pending is not None:
+            self.schedule.wait(pending)
+        return super().unit_params(i, upcoming)
+
+    def settle(self) -> None:
+        """Wait for every collective in flight: the parameters are whole after."""
+        for i in list(self.updated_gathers):
+            self.schedule.wait(self.updated_gathers.pop(i))
+        super().settle()
 
     def owned_slices(self) -> list[Owned]:
         owned = []
@@ -102,10 +134,14 @@ class Stage1OptimizerSharded(Stage0DataParallel):
         return self.comm
 
     def after_update(self) -> None:
-        for unit in self.layout.units:
+        """Every unit's updated blocks to every rank: one all-gather per unit (its rows
+        are contiguous; DeepSpeed's allgather_bucket_size pieces would cut across
+        units), each waited for when the next forward reads that unit."""
+        for i, unit in enumerate(self.layout.units):
             if unit.padded_numel:
-                pending = self.schedule.gather_updated(self.full_params[unit.full_slice()])
-                self.schedule.wait(pending)
+                self.updated_gathers[i] = self.schedule.gather_updated(
+                    self.full_params[unit.full_slice()], lane=i
+                )
 
     def _kept_whole(self) -> tuple[np.ndarray, ...]:
         return (self.full_params,)  # fp32: the master weights are these

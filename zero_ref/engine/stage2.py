@@ -65,4 +65,6 @@ class Stage2GradientsSharded(Stage1OptimizerSharded):
         return self.shard_grads[unit.shard_slice()]
 
     def on_backward_done(self, micro: int) -> None:
-        """Every bucket was reduced during backward (unit 0 completes the last one)."""
+        """Every bucket was issued during backward (unit 0 completes the last one): wait
+        for the ones still in flight."""
+        self.buckets.flush()

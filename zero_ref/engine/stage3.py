@@ -5,7 +5,10 @@ bytes). Before a unit's forward, and again before its backward, the unit's
 parameters are all-gathered into one buffer the size of the widest unit,
 reused by every gather, so at any time a rank holds its shard plus one
 gathered unit. The optimizer updates the shard in place and no all-gather
-follows the step.
+follows the step. With --overlap-comm the next units are gathered ahead into
+more buffers while this one computes (the prefetch: zero_ref/engine/
+gathered_unit.py), within the plan's budget; units under the persistence
+threshold keep a buffer of their own.
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from zero_ref.engine.gathered_unit import GatheredUnit
+from zero_ref.engine.gathered_unit import GatheredUnits, gathers_per_step
 from zero_ref.engine.init_source import InitSource
 from zero_ref.engine.stage2 import Stage2GradientsSharded
 from zero_ref.engine.stores import param_store_for
-from zero_ref.layout.flat import Owned, shard_range, tensor_views
+from zero_ref.layout.flat import FlatLayout, Owned, shard_range, tensor_views
+from zero_ref.memory_formulas import PrefetchPlan, prefetch_plan
 
 
 class Stage3ParamsSharded(Stage2GradientsSharded):
@@ -33,10 +37,25 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
         self.shard_params = self.param_store.zeros("shard_params", n, p.param)
         self.master = p.master_for(self.shard_params, self._new_master)
         self._fill_shards(source)
-        widest = self.layout.widest_unit_numel
-        buffer = self.place.empty("buffers", "gathered_unit", widest, p.param)
-        self.gathered = GatheredUnit(buffer)  # EMPTY; gathered, used, released per unit
+        self.gathered = self._gathered_units()  # EMPTY; gathered, used, released per unit
         self._init_compute_scratch()
+
+    def _gathered_units(self) -> GatheredUnits:
+        """The gathered-unit buffers the plan asks for (one, without prefetch), and a
+        buffer of its own for each persistent unit, all in the memory ledger."""
+        units, dtype = self.layout.units, self.precision.param
+        plan = stage3_plan(self.cfg, self.layout, self.schedule.prefetches)
+        wide = self.layout.widest_unit_numel  # lent whole to stream state (lend)
+        names = ["gathered_unit"] + [
+            f"gathered_unit (prefetch {k})" for k in range(1, plan.buffers)
+        ]
+        buffers = [self.place.empty("buffers", name, wide, dtype) for name in names]
+        kept = {
+            i: self.place.empty("buffers", f"persistent unit {i}", units[i].padded_numel, dtype)
+            for i in sorted(plan.persistent)
+        }
+        numel = lambda i: units[i].padded_numel  # noqa: E731
+        return GatheredUnits(buffers, kept, plan, numel, self._issue_gather, self._complete_gather)
 
     def _fill_params(self, source: InitSource) -> None:
         """Resuming: the shards from the source; a gathered copy is stale after."""
@@ -57,20 +76,27 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
                 self.release_pages(written)
             self.release_pages(self.master[mine])
 
-    def unit_params(self, i: int) -> dict[str, np.ndarray]:
-        """Unit i's full parameters, all-gathered into the one reused buffer unless it
+    def unit_params(self, i: int, upcoming=()) -> dict[str, np.ndarray]:
+        """Unit i's full parameters, all-gathered into a reused buffer unless one
         already holds them (the last unit's forward is followed by its backward, and
-        unit 0's backward by the next micro-step's forward: no gather there)."""
-        unit = self.layout.units[i]
-        full = self.gathered.acquire(i, unit.padded_numel, lambda out: self._gather(i, out))
-        return tensor_views(self._widened(full), unit)
+        unit 0's backward by the next micro-step's forward: no gather there); then the
+        upcoming units are gathered ahead, as the plan allows."""
+        full = self.gathered.acquire(i, upcoming)
+        return tensor_views(self._widened(full), self.layout.units[i])
 
-    def _gather(self, i: int, out: np.ndarray) -> None:
-        """out <- unit i's parameters from every rank's shard (the parameter store then
-        reads its neighbours ahead, when they are on NVMe)."""
-        if out.size:
-            send = self.shard_params[self.layout.units[i].shard_slice()]
-            self.schedule.wait(self.schedule.gather_unit(send, out))
+    def _issue_gather(self, i: int, out: np.ndarray, lane: int):
+        """Issue out <- unit i's parameters from every rank's shard; None: nothing to
+        gather (an empty unit)."""
+        if not out.size:
+            return None
+        send = self.shard_params[self.layout.units[i].shard_slice()]
+        return self.schedule.gather_unit(send, out, lane)
+
+    def _complete_gather(self, i: int, pending) -> None:
+        """Wait for unit i's gather; then the parameter store drops its slice from RAM
+        and reads its neighbours ahead, when they are on NVMe."""
+        if pending is not None:
+            self.schedule.wait(pending)
             self.param_store.after_gather(self.shard_params, self.layout, i, self.trace)
 
     def release_unit_params(self, i: int) -> None:
@@ -99,3 +125,23 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
 
     def _kept_whole(self) -> tuple[np.ndarray, ...]:
         return ()
+
+    def gathers(self) -> list[int] | None:
+        plan = self.gathered.plan
+        if plan.buffers == 1 and not plan.persistent:
+            return None
+        numels = [u.padded_numel for u in self.layout.units]
+        return gathers_per_step(plan, numels, self.cfg.grad_accum)
+
+    def settle(self) -> None:
+        """Wait for every collective in flight: a prefetched unit's gather too."""
+        self.gathered.finish_in_flight()
+        super().settle()
+
+
+def stage3_plan(cfg, layout: FlatLayout, prefetches: bool) -> PrefetchPlan:
+    """The gathered-unit plan of a config and layout (memory_formulas.prefetch_plan)."""
+    numels = [u.padded_numel for u in layout.units]
+    return prefetch_plan(
+        numels, prefetches, cfg.prefetch_numel, cfg.max_live_numel, cfg.persistence_numel
+    )

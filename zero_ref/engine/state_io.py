@@ -30,6 +30,7 @@ class StateIO:
         runs on rank 0 alone. A collective; no rank ever holds a full-size copy
         (a buffer this rank keeps whole is lent as a view, a sharded one is
         gathered one unit at a time into a landing buffer on rank 0 only)."""
+        self.settle()
         self.comm.set_context(where="consolidate")
         lend = self._lend_unit_buffer()  # on every rank: stage 3 lends its gathered unit
         landing = None  # rank 0's, made when a sharded buffer first needs it
@@ -55,6 +56,7 @@ class StateIO:
         """This rank's slice of `unit` in state buffer `kind` ("param", "exp_avg",
         "exp_avg_sq"), as a view: what this rank's checkpoint file holds. Every stage
         saves the same slices, so a checkpoint does not depend on the stage."""
+        self.settle()
         whole, shard = self.state_buffers(kind)
         if whole is not None:
             return self.place.to_host(rank_rows(whole[unit.full_slice()], unit)[self.rank])
@@ -65,6 +67,7 @@ class StateIO:
         what this rank keeps: whole units where it keeps the buffer whole, its own
         slices where the stage shards it (resuming from a checkpoint). "param" fills
         the master weights and, rounded, the 16-bit parameters, as at creation."""
+        self.settle()
         if kind == "param":
             self._fill_params(source)
         else:

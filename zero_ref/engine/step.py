@@ -2,7 +2,8 @@
 backward in reverse, the update phase; and what a step reports.
 
 A stage says where memory lives and which collectives run through the hooks this
-loop calls (unit_params, release_unit_params, unit_grads, on_unit_backward_done,
+loop calls (unit_params, which is also told the units the loop reads next, so
+stage 3 can gather them ahead; release_unit_params, unit_grads, on_unit_backward_done,
 on_backward_done, owned_slices, norm_comm, after_update); the order of the
 forward, backward and update is written here once, so every stage runs it the
 same and the oracle (zero_ref/oracle.py) can follow it.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
@@ -70,14 +72,17 @@ class SharedStep:
         bit for bit, so results do not change. With fp16 the loss's gradient is
         multiplied by the loss scale, so every gradient is that many times larger."""
         kept = []  # per unit: what its backward needs (its cache, or its input)
+        n = len(self.model.units)
         for i, unit in enumerate(self.model.units):
             self.comm.set_context(where=f"micro-step {micro} forward {unit.name}")
             x_in = x
-            params = self.unit_params(i)  # stage 3 gathers here, outside the unit's span
+            ahead = chain(range(i + 1, n), range(n - 1, -1, -1))  # the rest of forward, backward
+            params = self.unit_params(i, ahead)  # stage 3 gathers here, outside the unit's span
             with self._span(f"forward {unit.name}", micro=micro):
                 x, cache = unit.forward(params, x)
             params = None
             self.release_unit_params(i)
+            self.schedule.poke()  # a unit boundary: let what is in flight progress
             kept.append(x_in if self.cfg.checkpoint_activations else cache)
             cache = None
         loss, dout = self.model.loss(x, targets)
@@ -85,7 +90,8 @@ class SharedStep:
         for i in range(len(self.model.units) - 1, -1, -1):
             unit = self.model.units[i]
             self.comm.set_context(where=f"micro-step {micro} backward {unit.name}")
-            params = self.unit_params(i)
+            again = range(n) if micro < self.cfg.grad_accum - 1 else ()  # the next micro-step
+            params = self.unit_params(i, chain(range(i - 1, -1, -1), again))
             with self._span(f"backward {unit.name}", micro=micro):
                 if self.cfg.checkpoint_activations:
                     cache = unit.forward(params, kept[i])[1]  # the forward again, for its cache
@@ -97,6 +103,7 @@ class SharedStep:
             self.release_unit_params(i)
             self.hooks.after_unit_backward(self, i, micro)
             self.on_unit_backward_done(i, micro)
+            self.schedule.poke()
         self.comm.set_context(where=f"micro-step {micro} gradient reduction")
         self.on_backward_done(micro)
         return loss
@@ -187,7 +194,8 @@ class SharedStep:
     def forward(self, x: np.ndarray) -> np.ndarray:
         """The model's output for x, unit by unit as training computes it (a collective
         at stage 3, which gathers each unit: every rank must call it with the same x)."""
+        n = len(self.model.units)
         for i, unit in enumerate(self.model.units):
-            x, _ = unit.forward(self.unit_params(i), x)
+            x, _ = unit.forward(self.unit_params(i, range(i + 1, n)), x)
             self.release_unit_params(i)
         return self.place.to_host(x)  # a device's output copied to host memory

@@ -2,8 +2,10 @@
 
 `python -m zero_ref.train --trace run.json` records what each rank did and when:
 each unit's forward and backward (lane "compute"), each collective with its
-bytes and where in the step it ran (lane "collectives"), each host<->device
-copy (lane "copies"), the optimizer step (lane "optimizer"); with the optimizer
+bytes and where in the step it ran (lane "collectives"), with --overlap-comm
+each non-blocking collective from issue to completion (lane "in flight", drawn under
+the compute it hides behind) and the time a rank waited for it (lane "collectives"),
+each host<->device copy (lane "copies"), the optimizer step (lane "optimizer"); with the optimizer
 state in swap files (--offload-optimizer nvme) each sub-group's read, AdamW
 kernel and write-back (lanes "swap reads", "adamw sub-groups", "swap writes",
 zero_ref/offload/pipeline.py); with stage 3's parameters in a swap file
@@ -39,6 +41,7 @@ LANES = {
     "adamw sub-groups": 5,  # ... the main thread's kernel on each sub-group ...
     "swap writes": 6,  # ... and the write-back behind it
     "checkpoint": 7,
+    "in flight": 8,  # a non-blocking collective from its issue to its completion (--overlap-comm)
 }
 
 

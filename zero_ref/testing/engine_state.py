@@ -12,6 +12,7 @@ def full_parameters(engine) -> dict[str, np.ndarray]:
     them: each unit all-gathered, the ledger calling it "consolidate"), for tests and
     small models; runs stream the state to rank 0 instead (engine.stream_state). With
     16-bit parameters these are the float32 master weights they are rounded from."""
+    engine.settle()  # --overlap-comm: the last update's all-gathers complete first
     whole, shard = engine.state_buffers("param")
     if whole is not None:
         return unpack_full(engine.place.to_host(whole), engine.layout)

@@ -1,0 +1,66 @@
+"""--overlap-comm: non-blocking collectives and the overlapping schedule.
+
+The values are the oracle's whatever the schedule (tests/test_parity.py draws overlap,
+prefetch depth, budget and persistence beside every other option); here, on three real
+ranks (tests/mpi_overlap_check.py): each non-blocking call is its blocking twin bit for
+bit, stage 2's staging lanes are never packed while in flight, stage 3 gathers one unit
+ahead within its plan and drops an unused prefetch; and, in-process, the prefetch plan's
+arithmetic and the memory formula of the extra buffers."""
+
+from __future__ import annotations
+
+import pytest
+from mpi4py import MPI
+
+from tests.mpi_pool import run_mpi_checks
+from zero_ref.comm.choose import comm_for
+from zero_ref.config import ZeroConfig
+from zero_ref.engine.ladder import make_engine
+from zero_ref.memory_formulas import OverlapBuffers, buffer_bytes, prefetch_plan
+from zero_ref.models.unit import init_params
+from zero_ref.testing.replay import ReplayModel
+
+
+def test_three_ranks_under_mpirun():
+    run_mpi_checks("mpi_overlap_check.py", 3, timeout=300)
+
+
+def test_no_prefetch_without_the_overlapping_schedule():
+    plan = prefetch_plan([10, 20, 30], False, None, None, 0)
+    assert (plan.buffers, plan.ahead_units) == (1, 0)
+
+
+def test_one_unit_ahead_by_default_and_as_many_as_fit_when_told():
+    assert prefetch_plan([10, 20, 30], True, None, None, 0).buffers == 2
+    deep = prefetch_plan([10, 20, 30, 40], True, 35, None, 0)  # 10 + 20 fit, not 30 more
+    assert (deep.buffers, deep.ahead_units, deep.ahead_numel) == (3, 2, 35)
+    assert prefetch_plan([10, 20, 30], True, 0, None, 0).buffers == 1
+
+
+def test_the_live_budget_bounds_the_buffers_and_refuses_less_than_one_unit():
+    assert prefetch_plan([10, 20, 30, 40], True, 1000, 80, 0).buffers == 2  # 80 // 40
+    with pytest.raises(ValueError, match=r"max_live_numel=39 .* allowed: >= 40"):
+        prefetch_plan([10, 20, 30, 40], True, None, 39, 0)
+    kept = prefetch_plan([5, 20, 30], True, None, None, 10)
+    assert kept.persistent == frozenset({0})
+    with pytest.raises(ValueError, match=r"persistent units \(5\); allowed: >= 35"):
+        prefetch_plan([5, 20, 30], True, None, 34, 10)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize("extra", [{}, {"prefetch_numel": 10**6, "persistence_numel": 40}])
+def test_the_ledger_holds_the_formula_of_the_overlap_buffers(stage, extra):
+    """The second staging lane, each lane's receive row, stage 3's prefetch buffers and
+    persistent units: what the engine holds is the formula (so the estimate is too)."""
+    units = [("a", [("w", (7, 3))]), ("b", [("w", (50,))]), ("c", [("w", (9, 9))])]
+    model = ReplayModel(units)
+    cfg = ZeroConfig(stage=stage, bucket_numel=16, overlap_comm=True, **extra)
+    engine = make_engine(model, init_params(model, 0), cfg, comm_for(MPI.COMM_SELF, cfg))
+    numels = [u.padded_numel for u in engine.layout.units]
+    plan = prefetch_plan(numels, True, cfg.prefetch_numel, None, cfg.persistence_numel)
+    expected = buffer_bytes(stage, numels, 1, 16, 1, overlap=OverlapBuffers(2, plan))
+    assert engine.buffer_bytes() == expected
+    assert "bucket_staging (lane 1)" in expected and "bucket_recv (lane 0)" in expected
+    if stage == 3:
+        assert ("gathered_unit (prefetch 1)" in expected) == (plan.buffers > 1)
+    engine.close()

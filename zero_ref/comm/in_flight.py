@@ -1,0 +1,71 @@
+"""A non-blocking collective between its issue and its completion.
+
+ZeRO hides its extra traffic behind compute (DeepSpeed's `overlap_comm`, FSDP's
+all-gather and reduce-scatter streams): a bucket's reduce-scatter is issued and
+backward goes on; stage 3 issues the next unit's all-gather while this one
+computes. `Comm.ireduce_scatter_sum` / `iallgather` / `iallgather_in_place`
+(zero_ref/comm/nonblocking.py) return an `InFlight`: the MPI request, the
+buffers MPI is still reading or writing (kept alive here, and never touched by
+the caller until `wait`), and what completes the call once the bytes are in:
+for a deterministic sum, adding the received rows in rank order; for a 16-bit
+sum, widening, adding and rounding once. So the values are those of the blocking
+call, whenever the bytes happen to arrive.
+
+MPI advances a request only inside MPI calls unless something drives it: the
+Comm's progress policy (zero_ref/comm/progress.py) is told of each request when
+it is issued and when it is waited for.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from mpi4py import MPI
+
+Finish = Callable[[], None]
+
+
+class InFlight:
+    """One issued collective; `wait()` once, then its output is valid."""
+
+    def __init__(
+        self,
+        comm,
+        kind: str,
+        request: MPI.Request,
+        finish: Finish | None = None,
+        keep: tuple = (),
+        args: dict | None = None,
+    ) -> None:
+        """kind: the ledger's name for it; finish: what turns the received bytes into
+        the result (None: MPI wrote the result itself); keep: the temporaries MPI
+        reads or writes until it completes."""
+        self.comm, self.kind, self.request = comm, kind, request
+        self.finishers: list[Finish] = [] if finish is None else [finish]
+        self.keep = keep
+        self.args = args or {}
+        self.where = comm.ledger.where
+        self.issued_at = time.perf_counter()
+        self.issue_seconds = 0.0  # the time the issuing call itself blocked
+        self.done = False
+        comm.progress.started(request)
+        comm.in_flight.append(self)
+
+    def then(self, finish: Finish) -> InFlight:
+        """Run `finish` after this call's own completion (a staged device copy back)."""
+        self.finishers.append(finish)
+        return self
+
+    def wait(self) -> None:
+        """Block until the bytes are in, complete the result, record the wait."""
+        assert not self.done, f"{self.kind} issued at {self.where!r} waited for twice"
+        t0 = time.perf_counter()
+        self.comm.progress.finished(self.request)  # no other thread touches it from here
+        self.request.Wait()
+        for finish in self.finishers:
+            finish()
+        self.done, self.keep = True, ()
+        self.comm.in_flight.remove(self)
+        blocked = self.issue_seconds + time.perf_counter() - t0
+        self.comm.ledger.record_waited(self.kind, self.issued_at, blocked, self.where, **self.args)

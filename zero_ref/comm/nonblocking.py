@@ -1,0 +1,95 @@
+"""The Comm's non-blocking collectives: issued now, waited for later (--overlap-comm).
+
+The same three collectives ZeRO's stages run blocking (zero_ref/comm/collectives.py),
+as MPI's non-blocking calls: `ireduce_scatter_sum` (a gradient bucket, Sec. 5.2),
+`iallgather` (a stage-3 unit's parameters, Sec. 5.3) and `iallgather_in_place`
+(stages 1-2's updated parameters). Each passes the checks the blocking call does
+(contiguous float32/float16/bfloat16 buffers, their dtypes and element counts;
+with check_schedule, the ranks' agreement on the call, at issue), counts its bytes
+in the ledger in the step that issues it, and returns an InFlight
+(zero_ref/comm/in_flight.py) whose wait() makes the result exactly the blocking
+call's: MPI's sum, or in deterministic mode the rows added in rank order once they
+are all in, and 16-bit sums widened, added in rank order and rounded once.
+
+The caller must not touch the buffers it handed over until wait() returns (the
+schedule, zero_ref/engine/collective_schedule.py, and the stages' double-buffered
+staging keep to it; DeepSpeed #5523/#5606 was a staging buffer refilled while its
+reduction was in flight).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from zero_ref.comm.in_flight import InFlight
+from zero_ref.comm.reduction import isum_16bit_words, words_of
+
+
+class NonBlockingCollectives:
+    """Mixed into Comm: its checks, reduction policy, arrays and ledger are the Comm's."""
+
+    def ireduce_scatter_sum(self, send: np.ndarray, recv: np.ndarray, lane: str = "") -> InFlight:
+        """reduce_scatter_sum, issued. `lane` names the caller's buffer pair (a staged
+        device Comm keeps host buffers per lane, apart for calls in flight together;
+        a host Comm needs none)."""
+        t0 = time.perf_counter()
+        self._check(send, recv, same_dtype=False)
+        self._agree("reduce_scatter", recv.size, self.arrays.dtype_name(send))
+        if send.dtype != np.float32:
+            request, finish, keep = isum_16bit_words(self.mpi, send, recv, self.arrays)
+        elif recv.dtype != np.float32:
+            request, finish, keep = self._ireduce_scatter_rounded(send, recv)
+        else:
+            request, finish, keep = self.reduction.ireduce_scatter(
+                self.mpi, send, recv, self.arrays
+            )
+        itemsize = send.dtype.itemsize
+        return self._issued("reduce_scatter", recv.size, itemsize, request, finish, keep, t0)
+
+    def _ireduce_scatter_rounded(self, send: np.ndarray, recv: np.ndarray):
+        """A float32 sum by the policy into a temporary, rounded once into recv after."""
+        total = self.arrays.temporary(recv.size, np.float32)
+        request, summed, keep = self.reduction.ireduce_scatter(self.mpi, send, total, self.arrays)
+
+        def finish() -> None:
+            if summed is not None:
+                summed()
+            self.arrays.round_into(recv, total)
+
+        return request, finish, keep + (total,)
+
+    def iallgather(
+        self, send: np.ndarray, recv: np.ndarray, kind: str = "allgather", lane: str = ""
+    ) -> InFlight:
+        """allgather, issued: recv (W*n,) <- every rank's send (n,), in rank order."""
+        t0 = time.perf_counter()
+        self._check(recv, send)
+        self._agree("allgather", send.size, self.arrays.dtype_name(send))
+        request = self.mpi.Iallgather(words_of(send), words_of(recv))
+        return self._issued(kind, send.size, send.dtype.itemsize, request, None, (), t0)
+
+    def iallgather_in_place(self, buf: np.ndarray, lane: str = "") -> InFlight:
+        """allgather_in_place, issued: block r of buf <- rank r's block r."""
+        t0 = time.perf_counter()
+        self._check(buf)
+        n = buf.size // self.size
+        self._agree("allgather", n, self.arrays.dtype_name(buf))
+        request = self.mpi.Iallgather(MPI.IN_PLACE, words_of(buf))
+        return self._issued("allgather", n, buf.dtype.itemsize, request, None, (), t0)
+
+    def _issued(self, kind, n_block, itemsize, request, finish, keep, t0) -> InFlight:
+        """The ledger's call and bytes now (the blocking call's: W-1 blocks each way),
+        and the InFlight that finishes it."""
+        nbytes = self._block_bytes(n_block, itemsize)
+        self.ledger.record_issued(kind, nbytes, nbytes)
+        flight = InFlight(self, kind, request, finish, keep, {"sent_bytes": nbytes})
+        flight.issue_seconds = time.perf_counter() - t0
+        return flight
+
+    def settle(self) -> None:
+        """Wait for every collective still in flight, oldest first."""
+        while self.in_flight:
+            self.in_flight[0].wait()
