@@ -87,6 +87,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=20, help="steps per run (default: 20)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each (median; default 1)")
     p.add_argument("--burst", type=int, default=1600, help="tbf burst, bytes (default 1600)")
+    p.add_argument(
+        "--probe-numel",
+        type=int,
+        default=DEFAULT_GPT_NUMEL,
+        help="float32 values per probed collective (default: the default GPT's)",
+    )
     p.add_argument("--prefix", default="zrn", help="names: namespaces P_h1, P_h2, veth P0")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds per training run")
     p.add_argument(
@@ -101,6 +107,8 @@ def parse_args() -> argparse.Namespace:
     a.parts = [x for x in a.parts.split(",") if x]
     if not a.parts or any(x not in PARTS for x in a.parts):
         p.error(f"--parts {a.parts}: one or more of {', '.join(PARTS)}")
+    if a.probe_numel < 1:
+        p.error(f"--probe-numel {a.probe_numel}: at least 1")
     if a.repeats < 1:
         p.error(f"--repeats {a.repeats}: at least 1")
     if not a.stages or any(s not in (0, 1, 2, 3) for s in a.stages):
@@ -146,12 +154,12 @@ def train_help() -> str:
     return subprocess.run(cmd, capture_output=True, text=True, env=rank_env(), check=True).stdout
 
 
-def measure_link(pair: NetnsPair, rate: float | None, placements: set[str]) -> dict:
+def measure_link(pair: NetnsPair, rate: float | None, placements: set[str], numel: int) -> dict:
     """The link's rate, and per placement what one collective costs on it."""
     link = {"rate_mbit": rate, "link_bytes_s": link_rate(pair), "probes": {}}
     print(f"link {rate_text(link)}: {link['link_bytes_s'] / 1e6:.1f} MB/s (one TCP stream)")
     for placement in sorted(placements):
-        probe = link_probe(pair, rank_env(), DEFAULT_GPT_NUMEL, placement)
+        probe = link_probe(pair, rank_env(), numel, placement)
         link["probes"][placement] = probe
         kinds = ", ".join(
             f"{kind} {k['seconds'] * 1e3:.1f} ms {busier(k) / 1e6:.3f} MB"
@@ -159,7 +167,7 @@ def measure_link(pair: NetnsPair, rate: float | None, placements: set[str]) -> d
         )
         print(
             f"  {placement}: tiny all-gather {probe['allgather_tiny_s'] * 1e6:.0f} us; "
-            f"of {DEFAULT_GPT_NUMEL * 4 / 1e6:.2f} MB: {kinds}",
+            f"of {numel * 4 / 1e6:.2f} MB: {kinds}",
             flush=True,
         )
     return link
@@ -224,7 +232,8 @@ def sweep(pair: NetnsPair, parts: list[Part], a: argparse.Namespace) -> tuple[li
         for rate in [None, *rates]:
             pair.set_rate(rate, a.burst)
             here = [p for p in parts if p.runs_at(rate)]
-            link = measure_link(pair, rate, {pl for p in here for pl in p.placements})
+            placements = {pl for p in here for pl in p.placements}
+            link = measure_link(pair, rate, placements, a.probe_numel)
             links.append(link)
             for part in here:
                 for placement in part.placements:
@@ -239,18 +248,21 @@ def sweep(pair: NetnsPair, parts: list[Part], a: argparse.Namespace) -> tuple[li
 
 
 def derive(rows: list[dict]) -> None:
-    """Compute (the unlimited link's step time), communication and the ratios, per row."""
+    """Compute, communication and the ratios, per row. Each mode's compute is the same
+    run's step time on the unlimited link (overlap shortens it too: 4 ranks on 2 cores
+    wait in blocking collectives even on a fast link)."""
     unlimited = {key(r): r for r in rows if r["rate_mbit"] is None}
     for r in rows:
-        b = r["blocking"]
-        r["compute_s"] = unlimited[key(r)]["blocking"]["step_s"]
+        b, o, base = r["blocking"], r["overlapped"], unlimited[key(r)]
+        r["compute_s"] = base["blocking"]["step_s"]
+        r["compute_overlapped_s"] = base["overlapped"]["step_s"] if o else None
         r["comm_bytes_s"] = busier(b) / r["link_bytes_s"]
         r["messages_s"] = b["collectives"] * r["allgather_s"]
         r["comm_over_compute"] = r["comm_bytes_s"] / r["compute_s"]
         r["max_s"] = max(r["compute_s"], r["comm_bytes_s"])
         r["blocking_over_max"] = b["step_s"] / r["max_s"]
-        o = r["overlapped"]
-        r["overlapped_over_max"] = o["step_s"] / r["max_s"] if o else None
+        r["overlapped_max_s"] = max(r["compute_overlapped_s"], r["comm_bytes_s"]) if o else None
+        r["overlapped_over_max"] = o["step_s"] / r["overlapped_max_s"] if o else None
 
 
 def key(r: dict) -> tuple[str, str, int]:
@@ -315,7 +327,8 @@ def ms(x: float | None) -> str:
 def print_table(rows: list[dict], checks: list[dict]) -> None:
     print(
         f"{'part':>9} {'place':>6} {'link':>10} {'stg':>3} {'block':>7} {'overl':>7} "
-        f"{'compute':>7} {'comm':>7} {'c/c':>5} {'ledger':>7} {'calls':>5} {'msgs':>6} "
+        f"{'compute':>7} {'comp ov':>7} {'comm':>7} {'c/c':>5} {'ledger':>7} {'calls':>5} "
+        f"{'msgs':>6} "
         f"{'link MB':>7} {'blk/max':>7} {'ovl/max':>7}"
     )
     for r in rows:
@@ -323,14 +336,16 @@ def print_table(rows: list[dict], checks: list[dict]) -> None:
         print(
             f"{r['part']:>9} {r['placement']:>6} {rate_text(r):>10} {r['stage']:>3} "
             f"{ms(b['step_s']):>7} {ms(o and o['step_s']):>7} {ms(r['compute_s']):>7} "
+            f"{ms(r.get('compute_overlapped_s')):>7} "
             f"{ms(r['comm_bytes_s']):>7} {r['comm_over_compute']:>5.2f} "
             f"{ms(b['ledger_comm_s']):>7} {b['collectives']:>5} {ms(r['messages_s']):>6} "
             f"{busier(b) / 1e6:>7.3f} "
             f"{r['blocking_over_max']:>7.2f} {'-' if ovl is None else f'{ovl:.2f}':>7}"
         )
     print(
-        "(ms per step; comm: the busier direction's link bytes / the measured rate; ledger: "
-        "seconds in collectives, last step; msgs: calls x one tiny all-gather)"
+        "(ms per step; compute: the run on the unlimited link, blocking and overlapped; comm: "
+        "the busier direction's link bytes / the measured rate; ledger: seconds in "
+        "collectives, last step; msgs: calls x one tiny all-gather)"
     )
     state = {True: "holds", False: "FAILS", None: "not measured (overlapped is null)"}
     for c in checks:
@@ -341,16 +356,17 @@ def print_table(rows: list[dict], checks: list[dict]) -> None:
 def markdown(rows: list[dict]) -> str:
     """The rows as a docs table (docs/overlap_bench.md), ms per step."""
     out = [
-        "| part | ranks | link | stage | blocking | overlapped | compute | comm (bytes) "
-        "| comm / compute | ledger comm | collectives | link MB | blocking / max "
+        "| part | ranks | link | stage | blocking | overlapped | compute | compute overlapped "
+        "| comm (bytes) | comm / compute | ledger comm | collectives | link MB | blocking / max "
         "| overlapped / max |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         b, o, ovl = r["blocking"], r["overlapped"], r["overlapped_over_max"]
         out.append(
             f"| {r['part']} | {r['placement']} | {rate_text(r)} | {r['stage']} "
             f"| {ms(b['step_s'])} | {ms(o and o['step_s'])} | {ms(r['compute_s'])} "
+            f"| {ms(r.get('compute_overlapped_s'))} "
             f"| {ms(r['comm_bytes_s'])} | {r['comm_over_compute']:.2f} "
             f"| {ms(b['ledger_comm_s'])} | {b['collectives']} | {busier(b) / 1e6:.3f} "
             f"| {r['blocking_over_max']:.2f} | {'-' if ovl is None else f'{ovl:.2f}'} |"

@@ -42,7 +42,9 @@ def bench() -> dict:
         "--rates",
         f"{RATE_MBIT:g}",
         "--steps",
-        "10",
+        "7",
+        "--probe-numel",
+        "4096",
         "--model-flags",
         TINY,
     ]
