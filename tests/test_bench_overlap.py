@@ -96,3 +96,40 @@ def test_overlapped_is_measured_or_null_with_a_reason(bench):
 def test_the_hosts_are_removed(bench):
     assert f"{PREFIX}_h" not in namespaces()
     assert not Path(f"/etc/netns/{PREFIX}_h1").exists()
+
+
+# The targets' arithmetic, on made-up rows (no namespaces needed).
+
+
+def made_up_row(part, stage, rate, blocking_s, overlapped_s, link_bytes=1e6):
+    run = {"link_rx_bytes": link_bytes, "link_tx_bytes": link_bytes / 2, "collectives": 10}
+    return {
+        "part": part, "placement": "block", "stage": stage, "rate_mbit": rate,
+        "link_bytes_s": 1e9 if rate is None else 1e7, "allgather_s": 1e-4,
+        "blocking": {**run, "step_s": blocking_s},
+        "overlapped": None if overlapped_s is None else {**run, "step_s": overlapped_s},
+    }  # fmt: skip
+
+
+def test_the_targets():
+    import bench_overlap
+
+    rows = [
+        made_up_row("reference", 0, None, 0.020, None),
+        made_up_row("reference", 3, None, 0.030, 0.025),
+        made_up_row("reference", 0, 100.0, 0.110, None, link_bytes=0.5e6),
+        made_up_row("reference", 3, 100.0, 0.160, 0.120),  # comm 0.1 s: max 0.1
+    ]
+    bench_overlap.derive(rows)
+    slow3 = rows[3]
+    assert slow3["compute_s"] == 0.030 and slow3["compute_overlapped_s"] == 0.025
+    assert slow3["comm_bytes_s"] == 0.1  # the busier direction over the rate
+    assert slow3["blocking_over_max"] == 0.160 / 0.1
+    checks = {c["target"].split(":")[0]: c for c in bench_overlap.targets(rows)}
+    # blocking 1.6 x max >= 1.3: overlapped 1.2 x max > 1.15 fails
+    assert checks["reference block stage 3 at 100 Mbit/s"]["holds"] is False
+    # stage 3 overlapped 0.120 / stage 0 0.110 = 1.09 <= 1.2 holds
+    vs0 = checks["reference block at 100 Mbit/s"]
+    assert vs0["holds"] is True and abs(vs0["blocking_value"] - 0.160 / 0.110) < 1e-12
+    # the unlimited link (blocking = max) and stage 0 rows carry no overlap target
+    assert len(checks) == 2
