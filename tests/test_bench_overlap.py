@@ -112,7 +112,7 @@ def made_up_row(part, stage, rate, blocking_s, overlapped_s, link_bytes=1e6):
 
 
 def test_the_targets():
-    import bench_overlap
+    import overlap_report
 
     rows = [
         made_up_row("reference", 0, None, 0.020, None),
@@ -120,12 +120,12 @@ def test_the_targets():
         made_up_row("reference", 0, 100.0, 0.110, None, link_bytes=0.5e6),
         made_up_row("reference", 3, 100.0, 0.160, 0.120),  # comm 0.1 s: max 0.1
     ]
-    bench_overlap.derive(rows)
+    overlap_report.derive(rows)
     slow3 = rows[3]
     assert slow3["compute_s"] == 0.030 and slow3["compute_overlapped_s"] == 0.025
     assert slow3["comm_bytes_s"] == 0.1  # the busier direction over the rate
     assert slow3["blocking_over_max"] == 0.160 / 0.1
-    checks = {c["target"].split(":")[0]: c for c in bench_overlap.targets(rows)}
+    checks = {c["target"].split(":")[0]: c for c in overlap_report.targets(rows)}
     # blocking 1.6 x max >= 1.3: overlapped 1.2 x max > 1.15 fails
     assert checks["reference block stage 3 at 100 Mbit/s"]["holds"] is False
     # stage 3 overlapped 0.120 / stage 0 0.110 = 1.09 <= 1.2 holds
