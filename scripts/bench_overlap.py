@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -249,7 +250,15 @@ def sweep(pair: NetnsPair, parts: list[Part], a: argparse.Namespace) -> tuple[li
     return links, rows
 
 
+def stop(signum: int, _frame) -> None:
+    """SIGTERM (or SIGINT, ignored in a background job) ends the bench through SystemExit,
+    so `with NetnsPair` removes the hosts."""
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     a = parse_args()
     if a.markdown:  # render a recorded result, run nothing
         print(markdown(json.loads(Path(a.markdown).read_text())["rows"]))
