@@ -99,6 +99,12 @@ def parse_args() -> argparse.Namespace:
         default=DEFAULT_GPT_NUMEL,
         help="float32 values per probed collective (default: the default GPT's)",
     )
+    p.add_argument(
+        "--overlap-extra",
+        default="",
+        help="flags added to every overlapped run (e.g. '--prefetch-numel 1000000', a "
+        "deeper stage-3 prefetch); recorded with the result",
+    )
     p.add_argument("--prefix", default="zrn", help="names: namespaces P_h1, P_h2, veth P0")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds per training run")
     p.add_argument(
@@ -106,6 +112,8 @@ def parse_args() -> argparse.Namespace:
     )
     add_record_flag(p, "bench_overlap")
     a = p.parse_args()
+    for stage, flags in OVERLAP_FLAGS.items():
+        OVERLAP_FLAGS[stage] = (*flags, *a.overlap_extra.split())
     a.rates = parse_list(p, "--rates", a.rates, float)
     a.stages = parse_list(p, "--stages", a.stages, int)
     if any(r <= 0 for r in a.rates):
