@@ -98,6 +98,7 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
         **offload_settings(case),
         **(case.get("overlap") or {}),  # overlap_comm, progress, prefetch_numel, ...
         **qwz_settings(case),
+        hpz_partition_size=case.get("hpz") or 1,  # hpZ: a partition size, or "host"
     )
     model, batches = build_model(case)
     init = init_params(model, case["seed"])
