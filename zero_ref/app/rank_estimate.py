@@ -26,6 +26,7 @@ from zero_ref.memory_formulas import (
     gpt_activation_bytes,
     grads_on_disk,
     mlp_activation_bytes,
+    hpz_group_of,
     offload_buffer_bytes,
     overlap_buffers,
 )
@@ -83,7 +84,9 @@ def state_bytes(
     ZeroConfig, the buffers its overlap and stage-3 plan add)."""
     world = layout.world_size
     unit_numels = [u.padded_numel for u in layout.units]
-    overlap = OverlapBuffers() if overlap_cfg is None else overlap_buffers(unit_numels, overlap_cfg)
+    overlap = OverlapBuffers()
+    if overlap_cfg is not None:
+        overlap = overlap_buffers(unit_numels, overlap_cfg, hpz_group_of(overlap_cfg, world))
     buffers = buffer_formula_bytes(
         stage, unit_numels, world, bucket_numel, grad_accum, sizes, overlap
     )
