@@ -7,11 +7,13 @@ cannot do is refused by name. Parity with the oracle is tests/test_parity.py's (
 from __future__ import annotations
 
 import json
+import tempfile
 
 import pytest
 from mpi4py import MPI
 
 from tests.mpi_pool import REPO, mpi_env, mpirun_command, run_watched
+from tests.test_parity import MLP, QWZ, check_bitwise, pinned, run
 from zero_ref.app.cli import parse_args
 from zero_ref.comm.choose import comm_for
 from zero_ref.comm.groups import group_ranks
@@ -106,3 +108,25 @@ def test_deepspeed_key_and_flag_turn_hpz_on(tmp_path):
     assert parse_args(["--stage", "3"], 4).zero.hpz_partition_size == 1
     with pytest.raises((ValueError, SystemExit)):
         parse_args(["--stage", "3", "--hpz-partition-size", "two"], 4)
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ({"world": 4, "hpz": 2, "qwz": QWZ}, {"world": 2, "hpz": "host", "qwz": None}),
+        ({"world": 2, "hpz": None}, {"world": 4, "hpz": 2}),
+    ],
+)
+def test_checkpoint_of_an_hpz_run_resumes_and_reshards(mpi_pools, first, second):
+    """The secondary copy is derived state: not saved, filled again by the resumed run's
+    first forward, at another world size and group too; both runs bitwise the oracle
+    (which replays the saved run with its hpZ+qwZ backward)."""
+    drawn = pinned(MLP, stage=3, grad_accum=2, steps=2, **first)
+    folder = tempfile.mkdtemp(prefix="zero_ref_hpz_ckpt_")
+    saved = run(mpi_pools, {**drawn, "save_to": folder})
+    phase = {"world": first["world"], "lrs": drawn["lrs"][:2], "qwz": first.get("qwz")}
+    history = [phase | {"hpz": first["hpz"]}]
+    resumed = run(mpi_pools, {**drawn, **second, "resume_from": folder, "history": history})
+    for result in (saved, resumed):
+        check_bitwise(result)
+        assert result["optimizer_state_bitwise"]
