@@ -25,8 +25,8 @@ from zero_ref.memory_formulas import (
     formula_bytes,
     gpt_activation_bytes,
     grads_on_disk,
-    mlp_activation_bytes,
     hpz_group_of,
+    mlp_activation_bytes,
     offload_buffer_bytes,
     overlap_buffers,
 )
