@@ -81,6 +81,12 @@ class SecondaryCopy(FreshUnits):
         self.group.allgather(send, out, kind=HPZ_KIND)
         return Pending(HPZ_KIND)
 
+    def close(self) -> None:
+        """Free the group's communicator (every rank of the group calls it; once: a freed
+        communicator is MPI_COMM_NULL, which is false)."""
+        if self.group.mpi:
+            self.group.mpi.Free()
+
     def after_primary(self, schedule, pending, i: int, out: np.ndarray) -> SecondaryPending:
         """A primary gather of unit i into out: once waited for, keep this rank's slice."""
 

@@ -207,6 +207,12 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
         self.gathered.finish_in_flight()
         super().settle()
 
+    def close(self) -> None:
+        """The base's clean end, then hpZ's group communicator freed (a collective)."""
+        super().close()
+        if self.hpz is not None:
+            self.hpz.close()
+
 
 def stage3_plan(cfg, layout: FlatLayout, prefetches: bool) -> PrefetchPlan:
     """The gathered-unit plan of a config and layout (memory_formulas.prefetch_plan)."""
