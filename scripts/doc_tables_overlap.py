@@ -1,10 +1,12 @@
 """The renderers of scripts/doc_tables.py for docs/stages.md's overlap section: the
-buffers --overlap-comm adds (scripts/overlap_memory.py); the shared formatting is in
-doc_tables_render.py."""
+buffers --overlap-comm adds (scripts/overlap_memory.py) and the two-host benchmark
+(scripts/bench_overlap.py, its table from overlap_report.py); the shared formatting is
+in doc_tables_render.py."""
 
 from __future__ import annotations
 
 from doc_tables_render import Result, measured_by, table
+from overlap_report import markdown
 
 DEEP = "overlap, prefetch 4 widest units"
 
@@ -40,4 +42,19 @@ def overlap_memory(res: Result) -> str:
     return f"{measured_by(res)} {world} ranks.\n\n{table(header, rows)}"
 
 
-RENDERERS = {f.__name__: f for f in (overlap_memory,)}
+def overlap_bench(*results: Result) -> str:
+    """scripts/bench_overlap.py's rows (ms per step, blocking and overlapped), and which
+    of issue 23's targets held, per recorded result."""
+    parts = [measured_by(*results)]
+    for res in results:
+        parts.append(markdown(res.data["rows"]))
+        checks = [
+            f"- {c['target']}: {c['value']:.2f}, {'holds' if c['holds'] else 'fails'}"
+            for c in res.data["targets"]
+        ]
+        if checks:
+            parts.append("\n".join(checks))
+    return "\n\n".join(parts)
+
+
+RENDERERS = {f.__name__: f for f in (overlap_memory, overlap_bench)}
