@@ -97,13 +97,13 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
         device=case.get("device", "cpu"),
         **offload_settings(case),
         **(case.get("overlap") or {}),  # overlap_comm, progress, prefetch_numel, ...
-        **qwz_settings(case),
+        **(qwz_settings(case) | qgz_settings(case)),  # one quantize_block if both
     )
     model, batches = build_model(case)
     init = init_params(model, case["seed"])
     comm = comm_for(world, cfg)
     k, w, steps = cfg.grad_accum, comm.size, []
-    oracle = Oracle.for_config(init, cfg) if comm.rank == 0 else None
+    oracle = Oracle.for_config(init, cfg, model) if comm.rank == 0 else None
     first = 0
     if case.get("resume_from"):
         checkpoint = Checkpoint(case["resume_from"])
@@ -163,6 +163,12 @@ def qwz_settings(case: dict) -> dict:
     """ZeroConfig's qwZ fields for a case with "qwz": {quantize_block} (stage 3)."""
     qwz = case.get("qwz")
     return {} if not qwz else {"quantized_weights": True, "quantize_block": qwz["quantize_block"]}
+
+
+def qgz_settings(case: dict) -> dict:
+    """ZeroConfig's qgZ fields for a case with "qgz": {quantize_block} (stages 1-3)."""
+    qgz = case.get("qgz")
+    return {} if not qgz else {"quantized_gradients": True, "quantize_block": qgz["quantize_block"]}
 
 
 def offload_settings(case: dict) -> dict:
