@@ -29,6 +29,7 @@ from zero_ref.config import AdamWConfig, ZeroConfig
 from zero_ref.engine.ladder import make_engine
 from zero_ref.engine.memory import formula_bytes
 from zero_ref.layout.flat import tensor_views
+from zero_ref.layout.grad_blocks import bucket_block_starts
 from zero_ref.models.unit import init_params
 from zero_ref.optim.loss_scale import LossScaleConfig
 from zero_ref.oracle import Oracle
@@ -237,6 +238,9 @@ def plan(engine) -> dict:
         else [[b.first_unit, b.last_unit, b.shard_offset, b.shard_numel] for b in buckets.plan],
         "buffer_bytes": {n: int(a.nbytes) for n, a in engine.memory.held["buffers"].items()},
         "gathers": gathers_record(engine.gathers()),  # stage 3 with prefetch, persistence, qwZ
+        "grad_blocks": None  # qgZ: blocks of a destination row, over the plan's buckets
+        if buckets is None or buckets.block is None
+        else sum(len(bucket_block_starts(engine.layout, b, buckets.block)) for b in buckets.plan),
     }
 
 

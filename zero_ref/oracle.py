@@ -296,7 +296,10 @@ class Oracle:
         for u in layout.units:
             for slot in u.slots:
                 at[f"{u.name}.{slot.name}"] = u.full_offset + slot.offset
-        parts = [at[k] + np.arange(n, dtype=np.int64) for k, n in zip(self.names, self.sizes)]
+        parts = [
+            at[k] + np.arange(n, dtype=np.int64)
+            for k, n in zip(self.names, self.sizes, strict=True)
+        ]
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
     def _skip(self, acc: np.ndarray) -> bool:
