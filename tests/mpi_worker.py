@@ -29,7 +29,7 @@ from zero_ref.config import AdamWConfig, ZeroConfig
 from zero_ref.engine.ladder import make_engine
 from zero_ref.engine.memory import formula_bytes
 from zero_ref.layout.flat import tensor_views
-from zero_ref.layout.grad_blocks import bucket_block_starts
+from zero_ref.layout.grad_blocks import plan_blocks
 from zero_ref.models.unit import init_params
 from zero_ref.optim.loss_scale import LossScaleConfig
 from zero_ref.oracle import Oracle
@@ -227,6 +227,16 @@ def gathers_record(gathers):
     return dataclasses.asdict(gathers) if dataclasses.is_dataclass(gathers) else gathers
 
 
+def qgz_blocks(engine) -> int | None:
+    """qgZ's blocks per micro-step (a destination row's, over the bucket plan), or None."""
+    cfg = engine.cfg
+    if not cfg.quantized_gradients:
+        return None
+    padded = [u.padded_numel for u in engine.layout.units]
+    plan = plan_blocks(padded, engine.layout.world_size, cfg.bucket_numel, cfg.quantize_block)
+    return sum(blocks for _, blocks in plan)
+
+
 def plan(engine) -> dict:
     """What the test checks the bucket plan against: each unit's padded numel, the
     engine's buckets (stages 1-3) and its buffers' bytes (staging, scratch)."""
@@ -238,9 +248,7 @@ def plan(engine) -> dict:
         else [[b.first_unit, b.last_unit, b.shard_offset, b.shard_numel] for b in buckets.plan],
         "buffer_bytes": {n: int(a.nbytes) for n, a in engine.memory.held["buffers"].items()},
         "gathers": gathers_record(engine.gathers()),  # stage 3 with prefetch, persistence, qwZ
-        "grad_blocks": None  # qgZ: blocks of a destination row, over the plan's buckets
-        if buckets is None or buckets.block is None
-        else sum(len(bucket_block_starts(engine.layout, b, buckets.block)) for b in buckets.plan),
+        "grad_blocks": qgz_blocks(engine),  # qgZ: blocks of a destination row, all buckets
     }
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from zero_ref.dtypes import FP32, ElementBytes
 from zero_ref.layout.buckets import bucket_columns
+from zero_ref.layout.grad_blocks import plan_blocks
 from zero_ref.quantize import SCALE_BYTES
 
 CATEGORIES = ("params", "grads", "optimizer", "buffers")  # the memory ledger's
@@ -147,6 +148,7 @@ class OverlapBuffers:
     lanes: int = 1
     plan: PrefetchPlan = PrefetchPlan()
     quantize_block: int | None = None
+    gradient_block: int | None = None  # qgZ: each lane's quantized send and receive bytes
 
 
 def overlap_buffers(unit_numels: Sequence[int], cfg) -> OverlapBuffers:
@@ -157,7 +159,8 @@ def overlap_buffers(unit_numels: Sequence[int], cfg) -> OverlapBuffers:
         cfg.persistence_numel,
     )  # fmt: skip
     block = cfg.quantize_block if getattr(cfg, "quantized_weights", False) else None
-    return OverlapBuffers(2 if cfg.overlap_comm else 1, plan, block)
+    grad_block = cfg.quantize_block if getattr(cfg, "quantized_gradients", False) else None
+    return OverlapBuffers(2 if cfg.overlap_comm else 1, plan, block, grad_block)
 
 
 def buffer_bytes(
@@ -194,6 +197,10 @@ def buffer_bytes(
             held[f"bucket_staging (lane {lane})"] = sizes.comm * world_size * columns
         for lane in range(overlap.lanes if overlap.lanes > 1 else 0):
             held[f"bucket_recv (lane {lane})"] = sizes.grad * columns
+        if overlap.gradient_block is not None:
+            held |= quantized_reduce_bytes(
+                unit_numels, world_size, bucket_numel, overlap.gradient_block, overlap.lanes
+            )
     elif sizes.comm != sizes.grad:
         chunk = world_size * bucket_columns(bucket_numel, world_size)
         held["wire_chunk"] = sizes.comm * min(chunk, total_numel)
@@ -213,6 +220,21 @@ def buffer_bytes(
             held |= quantized_gather_bytes(
                 wide // world_size, world_size, plan.buffers, overlap.quantize_block
             )
+    return held
+
+
+def quantized_reduce_bytes(
+    unit_numels: Sequence[int], world_size: int, bucket_numel: int, block: int, lanes: int
+) -> dict[str, int]:
+    """qgZ's buffers (zero_ref/engine/grad_buckets.py): per staging lane a send and a
+    receive of W rows of the widest bucket's payload (its int8 values, 4 bytes a block)."""
+    plan = plan_blocks(unit_numels, world_size, bucket_numel, block)
+    row = max((n + SCALE_BYTES * b for n, b in plan), default=0)
+    held = {}
+    for lane in range(lanes):
+        suffix = f" (lane {lane})" if lane else ""
+        held[f"qgz_send{suffix}"] = world_size * row
+        held[f"qgz_recv{suffix}"] = world_size * row
     return held
 
 

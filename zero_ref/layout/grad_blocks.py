@@ -18,22 +18,31 @@ block's elements, hence the rounding of a rank's contribution, move with W.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
-from zero_ref.layout.buckets import Bucket
+from zero_ref.layout.buckets import Bucket, plan_buckets
 from zero_ref.layout.flat import FlatLayout
 
 
 def bucket_block_starts(layout: FlatLayout, bucket: Bucket, block: int) -> np.ndarray:
     """Where each block of `bucket`'s rows starts, relative to the bucket (int64, first 0,
     increasing; empty for an empty bucket)."""
+    offsets = [u.shard_offset for u in layout.units]
+    return block_starts(offsets, [u.shard_numel for u in layout.units], bucket, block)
+
+
+def block_starts(
+    shard_offsets: Sequence[int], shard_numels: Sequence[int], bucket: Bucket, block: int
+) -> np.ndarray:
+    """bucket_block_starts from the units' shard offsets and sizes alone."""
     if block < 1:
         raise ValueError(f"block={block} is not allowed: it must be >= 1")
     lo, hi = bucket.shard_offset, bucket.shard_offset + bucket.shard_numel
     cuts = [np.array([lo], np.int64)] if hi > lo else []
     for i in range(bucket.first_unit, bucket.last_unit + 1):
-        unit = layout.units[i]
-        u_lo, u_hi = unit.shard_offset, unit.shard_offset + unit.shard_numel
+        u_lo, u_hi = shard_offsets[i], shard_offsets[i] + shard_numels[i]
         grid = np.arange(u_lo, u_hi, block, dtype=np.int64)
         cuts.append(grid[(grid > lo) & (grid < hi)])
     if not cuts:
@@ -41,6 +50,12 @@ def bucket_block_starts(layout: FlatLayout, bucket: Bucket, block: int) -> np.nd
     return np.unique(np.concatenate(cuts)) - lo
 
 
-def plan_block_starts(layout: FlatLayout, plan, block: int) -> list[np.ndarray]:
-    """bucket_block_starts of every bucket of a plan, in the plan's order."""
-    return [bucket_block_starts(layout, b, block) for b in plan]
+def plan_blocks(
+    unit_numels: Sequence[int], world_size: int, bucket_numel: int, block: int
+) -> list[tuple[int, int]]:
+    """(columns, blocks) of each bucket's destination row, in the plan's order, for units
+    of these padded sizes: what the ledger's bytes and the memory formula count."""
+    numels = [n // world_size for n in unit_numels]
+    offsets = [sum(numels[:i]) for i in range(len(numels))]
+    plan = plan_buckets(numels, offsets, bucket_numel, world_size)
+    return [(b.shard_numel, len(block_starts(offsets, numels, b, block))) for b in plan]
