@@ -74,7 +74,16 @@ def report_tables(parsed: Parsed, engine, reports: list[dict]) -> str:
         [
             memory_table(reports, zero.stage, numel, world, k, sizes, zero.precision),
             rss_table(reports),
-            comm_table(reports, zero.stage, unit_numels, world, k, sizes, engine.gathers()),
+            comm_table(
+                reports,
+                zero.stage,
+                unit_numels,
+                world,
+                k,
+                sizes,
+                engine.gathers(),
+                _qgz_blocks(zero, unit_numels, world),
+            ),  # fmt: skip
         ]
     )
 
