@@ -8,7 +8,11 @@ and each kind of input (ordinary values ~N(0, 1); values whose fp16 results are
 subnormal, ~N(0, 1e-6); values that overflow fp16, ~N(0, 1e6)), the median time per
 element of the cast (`dst[...] = src`, what zero_ref did before) and of the kernel
 on the same arrays, and whether their bits agree (NaN-free inputs: the two differ
-only on NaNs). One thread; prints a table, then one JSON line last.
+only on NaNs). Then the engine's per-bucket calls (zero_ref/dtypes.py, with their Python):
+a bucket of 8192 elements at 4 ranks packed into its (4, 2048) staging slice from
+strided rows of a unit's gradient (float32 copy, fp16 and bf16 rounding), and the
+fused 16-bit sum of its (4, 2048) words, microseconds a call (the best of 5 medians).
+One thread; prints the tables, then one JSON line last.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from bench_common import add_record_flag, emit, load_average
 
 import zero_ref  # noqa: F401  (the thread budget, before NumPy)
 from zero_ref import rounding as R
+from zero_ref.dtypes import HOST
 
 FP16, BF16 = np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)
 INPUTS = {"ordinary": 1.0, "fp16 subnormal": 1e-6, "fp16 overflow": 1e6}
@@ -82,6 +87,46 @@ def measure(numel: int, repeats: int, seed: int) -> list[dict]:
     return rows
 
 
+def per_call_us(fn, calls: int = 400) -> float:
+    """The least over 5 runs of the median of `calls` calls' times, in microseconds."""
+    fn()
+    best = []
+    for _ in range(5):
+        times = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        best.append(statistics.median(times))
+    return min(best) * 1e6
+
+
+def bucket_calls(seed: int, world: int = 4, columns: int = 2048) -> list[dict]:
+    """The engine's calls on one bucket (bucket_numel 8192 at 4 ranks, the default)."""
+    rng = np.random.default_rng(seed)
+    unit = (rng.standard_normal((world, columns + 300)) * 1e-3).astype(np.float32)
+    rows = unit[:, 100 : 100 + columns]  # (W, columns) of a wider unit: strided rows
+    calls = []
+    for dtype in (np.dtype(np.float32), FP16, BF16):
+        staging = np.zeros((world, columns), dtype)
+        pack = per_call_us(lambda: HOST.round_into(staging, rows))  # noqa: B023
+        row = {"dtype": dtype.name, "pack_us": pack, "sum_us": None}
+        if dtype.itemsize == 2:
+            out = np.empty(columns, np.float32)
+            row["sum_us"] = per_call_us(lambda: HOST.sum_widened_rows(staging, out))  # noqa: B023
+        calls.append(row)
+    return calls
+
+
+def bucket_table(calls: list[dict]) -> str:
+    lines = ["one bucket (4 x 2048), us per call: pack = round_into its staging, sum = the"]
+    lines.append("fused 16-bit sum over its 4 rows (sum_widened_rows)")
+    for c in calls:
+        total = "" if c["sum_us"] is None else f"   sum {c['sum_us']:6.2f}"
+        lines.append(f"{c['dtype']:>10}  pack {c['pack_us']:6.2f}{total}")
+    return "\n".join(lines)
+
+
 def table(rows: list[dict], numel: int) -> str:
     lines = [
         f"{numel:,} elements, ns per element (median), one thread",
@@ -106,8 +151,11 @@ def main() -> None:
         p.error(f"--numel {a.numel} and --repeats {a.repeats}: both must be >= 1")
     rows = measure(a.numel, a.repeats, a.seed)
     print(table(rows, a.numel), flush=True)
+    bucket = bucket_calls(a.seed)
+    print(bucket_table(bucket), flush=True)
     settings = {"numel": a.numel, "repeats": a.repeats, "seed": a.seed}
-    emit({"settings": settings, "load_average": load_average(), "rows": rows}, a.record)
+    result = {"settings": settings, "load_average": load_average(), "rows": rows}
+    emit({**result, "bucket": bucket}, a.record)
 
 
 if __name__ == "__main__":

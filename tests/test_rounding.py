@@ -205,6 +205,57 @@ def test_widening_every_16_bit_pattern_is_exact_three_ways(dtype):
     assert_same(h, cast, k, t)
 
 
+WIDEN_KERNELS = {
+    FP16: (R.widen_fp16_kernel, R.widen_fp16_reference),
+    BF16: (R.widen_bf16_kernel, R.widen_bf16_reference),
+}
+
+
+def test_the_cpu_kernels_float_steps_give_the_integer_steps_bits():
+    """fp16_bits_by_float_py and fp16_widened_bits_by_float_py (the CPU kernels' steps,
+    partly in float32) against fp16_bits_py and fp16_widened_bits_py (the NumPy twins'
+    and the device's integer steps), run as plain Python: every fp16 pattern widened;
+    the special values, and at every float32 exponent and sign the significands at and
+    beside fp16's ties and carries, rounded."""
+    for h in range(1 << 16):
+        assert R.fp16_widened_bits_by_float_py(h) == R.fp16_widened_bits_py(h), hex(h)
+    lows = np.array([0, 1, 0xFFF, 0x1000, 0x1001, 0x2FFF, 0x3000, 0x3001, 0x400000, 0x7FFFFF])
+    highs = np.arange(1 << 9, dtype=np.uint64) << 23  # sign and exponent
+    near_ties = (highs[:, None] | lows[None, :].astype(np.uint64)).ravel().astype(np.uint32)
+    with np.errstate(over="ignore", invalid="ignore"):  # Inf by design; NaNs signal
+        for b in np.concatenate([SPECIAL_BITS, near_ties]):
+            got = R.fp16_bits_by_float_py(b.view(np.float32))
+            assert got == R.fp16_bits_py(int(b)), (hex(b), hex(got))
+
+
+@pytest.mark.parametrize("dtype", [FP16, BF16], ids=["fp16", "bf16"])
+def test_the_kernels_loops_for_adjacent_and_gappy_rows_agree(dtype):
+    """Each kernel has two copies of its loop: rows whose elements are adjacent (the
+    engine's layouts: the copy LLVM vectorises) and rows with gaps between elements.
+    Both, rounding and widening, on the same values: the same bits as the cast, and
+    nothing written between the elements."""
+    src_bits = awkward_bits(3 * 41, 11).reshape(3, 41)
+    want = cast_bits(src_bits.ravel(), dtype)
+    kernel, _ = KERNELS[dtype]
+    adjacent = np.zeros((3, 41), np.uint16)
+    kernel(src_bits, adjacent)
+    gappy_src = np.zeros((3, 82), np.uint32)
+    gappy_src[:, ::2] = src_bits
+    into_gaps, from_gaps = np.zeros((3, 123), np.uint16), np.zeros((3, 41), np.uint16)
+    kernel(src_bits, into_gaps[:, ::3])
+    kernel(gappy_src[:, ::2], from_gaps)
+    assert_same(src_bits.ravel(), want, adjacent.ravel(), into_gaps[:, ::3].ravel())
+    assert_same(src_bits.ravel(), want, from_gaps.ravel())
+    assert not into_gaps[:, 1::3].any() and not into_gaps[:, 2::3].any()
+    widen, _ = WIDEN_KERNELS[dtype]
+    wide, wide_gappy = np.zeros((3, 41), np.uint32), np.zeros((3, 82), np.uint32)
+    widen(adjacent, wide)
+    widen(into_gaps[:, ::3], wide_gappy[:, ::2])
+    cast = adjacent.view(dtype).astype(np.float32).view(np.uint32)
+    assert_same(adjacent.ravel(), cast.ravel(), wide.ravel(), wide_gappy[:, ::2].ravel())
+    assert not wide_gappy[:, 1::2].any()
+
+
 # ---- the paths the engine calls (zero_ref/dtypes.py)
 
 

@@ -40,6 +40,9 @@ _WIDEN = {  # src dtype -> (Numba kernel, NumPy twin), 16-bit bits to float32 bi
     DTYPES["bf16"]: (rounding.widen_bf16_kernel, rounding.widen_bf16_reference),
 }
 _BITS = {4: np.uint32, 2: np.uint16}
+# dtypes, not scalar types: `a.dtype == np.float32` converts the type on every call
+# (~100 ns; the 16-bit path asks several times for each of ~800 buckets a step)
+_F32, _FP16 = DTYPES["fp32"], DTYPES["fp16"]
 
 
 def _on_bits(kernels: tuple, dst: np.ndarray, src: np.ndarray) -> np.ndarray:
@@ -62,14 +65,15 @@ def round_into(dst: np.ndarray, src: np.ndarray) -> np.ndarray:
     overflow to Inf (the loss scaler's signal), a NaN to the canonical quiet NaN
     (zero_ref/rounding.py's rule, torch's). 16-bit to the other 16-bit goes through
     float32 (exact); the same dtype is a copy."""
-    if dst.dtype == src.dtype:
+    kernels = _ROUND.get(dst.dtype)
+    if kernels is not None and src.dtype == _F32:  # the common case first
+        _on_bits(kernels, dst, src)
+    elif dst.dtype == src.dtype:
         dst[...] = src
-    elif dst.dtype == np.float32:
+    elif dst.dtype == _F32:
         widen_into(dst, src)
-    elif dst.dtype in _ROUND and src.dtype in _WIDEN:
-        _on_bits(_ROUND[dst.dtype], dst, widen_into(np.empty(src.shape, np.float32), src))
-    elif dst.dtype in _ROUND and src.dtype == np.float32:
-        _on_bits(_ROUND[dst.dtype], dst, src)
+    elif kernels is not None and src.dtype in _WIDEN:
+        _on_bits(kernels, dst, widen_into(np.empty(src.shape, np.float32), src))
     else:  # other dtypes (float64, say): NumPy's cast
         with np.errstate(over="ignore", invalid="ignore"):
             dst[...] = src
@@ -78,15 +82,16 @@ def round_into(dst: np.ndarray, src: np.ndarray) -> np.ndarray:
 
 def widen_into(dst: np.ndarray, src: np.ndarray) -> np.ndarray:
     """float32 dst[...] = src (16-bit values widen exactly)."""
-    if src.dtype in _WIDEN and dst.dtype == np.float32:
-        return _on_bits(_WIDEN[src.dtype], dst, src)
+    kernels = _WIDEN.get(src.dtype)
+    if kernels is not None and dst.dtype == _F32:
+        return _on_bits(kernels, dst, src)
     dst[...] = src
     return dst
 
 
 def rounded(src: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """src's values after one rounding to `dtype`, widened back to float32 (a new array)."""
-    if dtype == np.float32:
+    if dtype == _F32:
         return np.array(src, np.float32)
     once = round_into(np.empty(src.shape, dtype), src)
     return widen_into(np.empty(src.shape, np.float32), once)
@@ -95,7 +100,7 @@ def rounded(src: np.ndarray, dtype: np.dtype) -> np.ndarray:
 def accumulate_rounded(dst: np.ndarray, src: np.ndarray) -> None:
     """dst = dst + src, added in float32 and rounded once to dst's dtype (16-bit
     gradient accumulation); for float32 arrays simply dst += src."""
-    if dst.dtype == np.float32 and src.dtype == np.float32:
+    if dst.dtype == _F32 and src.dtype == _F32:
         dst += src
         return
     total = widen_into(np.empty(dst.shape, np.float32), dst)
@@ -110,7 +115,7 @@ def sum_widened_rows(words: np.ndarray, out: np.ndarray) -> np.ndarray:
     kernel = rounding.sum_widened_rows_kernel
     if not (words.flags.c_contiguous and out.flags.c_contiguous):
         kernel = rounding.sum_widened_rows_reference
-    kernel(words.view(np.uint16), out, words.dtype == DTYPES["fp16"])
+    kernel(words.view(np.uint16), out, words.dtype == _FP16)
     return out
 
 

@@ -7,7 +7,8 @@ the 16-bit parameters rounded from the fp32 master weights, the gradients rounde
 into 16 bits after backward and after each sum. NumPy's own float32 -> float16 cast
 is correct but slow where it matters: a result that is subnormal or Inf costs it
 ~150 ns an element (it raises the FPU's underflow/overflow flags one element at a
-time), and small gradients are exactly that. The kernels here cost ~1 ns.
+time), and small gradients are exactly that. The kernels here cost 0.05-0.2 ns
+(vectorised; scripts/bench_rounding.py).
 
 The rule, in every twin (this module, zero_ref/rounding_cuda.py's CUDA kernels):
 
@@ -24,8 +25,13 @@ round_to_nearest_even). NumPy keeps a NaN's payload instead (a signalling
 0x7F800001 becomes the signalling 0x7C01), and ml_dtypes keeps bf16's sign; every
 non-NaN value agrees with both (docs/precision.md).
 
-Each scalar function below takes and returns the bits as a Python int; Numba compiles
-it for the CPU kernels, and numba.cuda compiles the same Python for the device.
+The integer scalar steps below (fp16_bits_py, bf16_bits_py, fp16_widened_bits_py)
+take and return the bits as a Python int: the NumPy twins follow them, and numba.cuda
+compiles the same Python for the device. The CPU kernels use bf16's as they are, and
+for fp16 the same results computed partly in float32 (fp16_bits_by_float_py,
+fp16_widened_bits_by_float_py), which LLVM vectorises where it leaves the integer
+steps' variable shifts and loop scalar; tests/test_rounding.py holds the two to the
+same bits.
 """
 
 from __future__ import annotations
@@ -95,21 +101,127 @@ bf16_bits = _jit(bf16_bits_py)
 fp16_widened_bits = _jit(fp16_widened_bits_py)
 
 
-# ---- Numba kernels: (rows, cols) bit arrays of any strides, dst written in place
+# ---- the same roundings in float32 steps, for the CPU kernels: LLVM vectorises these,
+# where fp16_bits' subnormal shift and fp16_widened_bits' loop it does not (a kernel of
+# those cost 3-4x bf16's). Bitwise the integer steps: tests/test_rounding.py checks every
+# fp16 pattern and a sweep of float32 patterns, and all 2^32 float32 patterns agreed
+# when this was written. The device keeps the integer steps (numba.cuda is not asked to
+# reinterpret a scalar's bits).
+TO_INF = np.float32(2.0**112)  # |x| * 2^112 * 2^-110: Inf where fp16 overflows, x * 4 else
+TO_ZERO = np.float32(2.0**-110)
+FP16_SUBNORMAL_UNIT = np.float32(2.0**-24)
+
+
+def fp16_bits_by_float_py(f: np.float32) -> int:
+    """fp16 bits of the float32 f (round to nearest, ties to even): the float32 adder
+    rounds, as in torch's fp16_ieee_from_fp32_value (c10/util/Half.h). Adding a power
+    of two whose ulp is fp16's ulp at f's exponent (2^-24 at the least, for subnormals)
+    rounds f's significand to fp16's; the sum's exponent and top 10 significand bits
+    are then fp16's, rebiased."""
+    b = np.int64(np.float32(f).view(np.uint32))
+    sign = (b >> 16) & 0x8000
+    a = b & 0x7FFFFFFF  # |x|
+    base = (abs(f) * TO_INF) * TO_ZERO  # 4|x|, or Inf at and above 65520 (the tie too)
+    bias = max(a & 0x7F800000, FP16_MIN_NORMAL) + 0x07800000  # 2^(e+15): fp16's ulp is 2^-10
+    total = np.int64(np.float32(np.uint32(bias).view(np.float32) + base).view(np.uint32))
+    h = ((total >> 13) & 0x7C00) + (total & 0xFFF)  # exponent rebiased; a carry bumps it
+    h = FP16_QUIET_NAN if a > F32_INF else h  # NaN: the canonical quiet NaN, its sign kept
+    return sign | h
+
+
+def fp16_widened_bits_by_float_py(h: int) -> int:
+    """float32 bits of the fp16 with bits h (exact): a subnormal is m * 2^-24, which
+    float32 holds exactly, so one multiply normalises it."""
+    sign = (h & 0x8000) << 16
+    a = h & 0x7FFF  # |h|
+    normal = (a << 13) + REBIAS  # rebias
+    special = (a << 13) | F32_INF  # Inf, or NaN with its payload
+    subnormal = np.int64(np.float32(np.float32(a) * FP16_SUBNORMAL_UNIT).view(np.uint32))
+    out = special if a >= 0x7C00 else (normal if a >= 0x0400 else subnormal)
+    return sign | out
+
+
+fp16_bits_by_float = _jit(fp16_bits_by_float_py)
+fp16_widened_bits_by_float = _jit(fp16_widened_bits_by_float_py)
+_inline = numba.njit(inline="always")
+
+
+# ---- Numba kernels: (rows, cols) bit arrays of any strides, dst written in place.
+# Where each row's elements are adjacent (the engine's every case, rows strided or not)
+# the same loop runs under a test LLVM can see, so that copy of it is vectorised; the
+# strided loop alone costs up to ~10x (8 us where 0.6 would do, on a bucket of 8192).
+@_inline
+def _rows_contiguous(src, dst, src_itemsize, dst_itemsize):  # pragma: no cover - compiled
+    """Itemsizes as constants: an array's own itemsize is a value read at run time."""
+    return src.strides[1] == src_itemsize and dst.strides[1] == dst_itemsize
+
+
+@_inline
+def _round_fp16_row(s, d):  # pragma: no cover - compiled
+    for j in range(d.shape[0]):
+        d[j] = fp16_bits_by_float(np.uint32(s[j]).view(np.float32))
+
+
 @_jit
 def round_fp16_kernel(src_bits, dst_bits):  # pragma: no cover - compiled
     """dst_bits (uint16) <- fp16 bits of float32 src_bits (uint32)."""
-    for i in range(dst_bits.shape[0]):
-        for j in range(dst_bits.shape[1]):
-            dst_bits[i, j] = fp16_bits(np.int64(src_bits[i, j]))
+    if _rows_contiguous(src_bits, dst_bits, 4, 2):  # the same loop, vectorised
+        for i in range(dst_bits.shape[0]):
+            _round_fp16_row(src_bits[i], dst_bits[i])
+    else:
+        for i in range(dst_bits.shape[0]):
+            _round_fp16_row(src_bits[i], dst_bits[i])
+
+
+@_inline
+def _round_bf16_row(s, d):  # pragma: no cover - compiled
+    for j in range(d.shape[0]):
+        d[j] = bf16_bits(np.int64(s[j]))
 
 
 @_jit
 def round_bf16_kernel(src_bits, dst_bits):  # pragma: no cover - compiled
     """dst_bits (uint16) <- bf16 bits of float32 src_bits (uint32)."""
-    for i in range(dst_bits.shape[0]):
-        for j in range(dst_bits.shape[1]):
-            dst_bits[i, j] = bf16_bits(np.int64(src_bits[i, j]))
+    if _rows_contiguous(src_bits, dst_bits, 4, 2):  # the same loop, vectorised
+        for i in range(dst_bits.shape[0]):
+            _round_bf16_row(src_bits[i], dst_bits[i])
+    else:
+        for i in range(dst_bits.shape[0]):
+            _round_bf16_row(src_bits[i], dst_bits[i])
+
+
+@_inline
+def _widen_fp16_row(s, d):  # pragma: no cover - compiled
+    for j in range(d.shape[0]):
+        d[j] = fp16_widened_bits_by_float(np.int64(s[j]))
+
+
+@_jit
+def widen_fp16_kernel(src_bits, dst_bits):  # pragma: no cover - compiled
+    """dst_bits (uint32) <- float32 bits of fp16 src_bits (uint16)."""
+    if _rows_contiguous(src_bits, dst_bits, 2, 4):  # the same loop, vectorised
+        for i in range(dst_bits.shape[0]):
+            _widen_fp16_row(src_bits[i], dst_bits[i])
+    else:
+        for i in range(dst_bits.shape[0]):
+            _widen_fp16_row(src_bits[i], dst_bits[i])
+
+
+@_inline
+def _widen_bf16_row(s, d):  # pragma: no cover - compiled
+    for j in range(d.shape[0]):
+        d[j] = np.uint32(s[j]) << 16  # exact
+
+
+@_jit
+def widen_bf16_kernel(src_bits, dst_bits):  # pragma: no cover - compiled
+    """dst_bits (uint32) <- float32 bits of bf16 src_bits (uint16)."""
+    if _rows_contiguous(src_bits, dst_bits, 2, 4):  # the same loop, vectorised
+        for i in range(dst_bits.shape[0]):
+            _widen_bf16_row(src_bits[i], dst_bits[i])
+    else:
+        for i in range(dst_bits.shape[0]):
+            _widen_bf16_row(src_bits[i], dst_bits[i])
 
 
 @_jit
@@ -121,48 +233,30 @@ def _fp16_widening_table():  # pragma: no cover - compiled
     return table
 
 
-FP16_WIDENED = _fp16_widening_table()  # a lookup is faster than normalising subnormals
+FP16_WIDENED = _fp16_widening_table()  # every fp16 pattern's float32 bits (tests use it)
+
+
+@_inline
+def _widened(h, fp16):  # pragma: no cover - compiled
+    return fp16_widened_bits_by_float(h) if fp16 else h << 16
 
 
 @_jit
-def _widen_by_table(src_bits, dst_bits, table):  # pragma: no cover - compiled
-    for i in range(dst_bits.shape[0]):
-        for j in range(dst_bits.shape[1]):
-            dst_bits[i, j] = table[src_bits[i, j]]
-
-
-def widen_fp16_kernel(src_bits, dst_bits) -> None:
-    """dst_bits (uint32) <- float32 bits of fp16 src_bits (uint16): fp16_widened_bits,
-    looked up in its table of every fp16 pattern."""
-    _widen_by_table(src_bits, dst_bits, FP16_WIDENED)
-
-
-@_jit
-def widen_bf16_kernel(src_bits, dst_bits):  # pragma: no cover - compiled
-    """dst_bits (uint32) <- float32 bits of bf16 src_bits (uint16)."""
-    for i in range(dst_bits.shape[0]):
-        for j in range(dst_bits.shape[1]):
-            dst_bits[i, j] = np.uint32(src_bits[i, j]) << 16  # exact
-
-
-BF16_WIDENED = np.arange(1 << 16, dtype=np.uint32) << 16  # bf16 widens by a shift
-
-
-@_jit
-def _sum_widened_rows(words, out, table):  # pragma: no cover - compiled
+def _sum_widened_rows(words, out, fp16):  # pragma: no cover - compiled
+    """Row by row, so that the loop over columns is the one vectorised: each column's
+    sum is still ((w[0] + w[1]) + w[2]) + ..., in float32."""
     for j in range(out.shape[0]):
-        total = table[words[0, j]]
-        for r in range(1, words.shape[0]):
-            total += table[words[r, j]]  # float32 + float32, one rounding, left to right
-        out[j] = total
+        out[j] = np.uint32(_widened(np.int64(words[0, j]), fp16)).view(np.float32)
+    for r in range(1, words.shape[0]):
+        for j in range(out.shape[0]):
+            out[j] += np.uint32(_widened(np.int64(words[r, j]), fp16)).view(np.float32)
 
 
 def sum_widened_rows_kernel(words, out, fp16: bool) -> None:
     """float32 out (n,) <- ((w[0] + w[1]) + w[2]) + ... of the (W, n) 16-bit words
     (fp16's, else bf16's), each widened exactly, summed in float32 in row order: a
     16-bit sum over ranks in rank order, without a (W, n) float32 copy of the rows."""
-    table = FP16_WIDENED if fp16 else BF16_WIDENED
-    _sum_widened_rows(words, out, table.view(np.float32))
+    _sum_widened_rows(words, out, fp16)
 
 
 # ---- NumPy twins: the same steps on whole arrays (any shape)

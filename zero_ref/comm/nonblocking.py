@@ -26,6 +26,7 @@ from mpi4py import MPI
 
 from zero_ref.comm.in_flight import InFlight
 from zero_ref.comm.reduction import isum_16bit_words, isum_quantized, words_of
+from zero_ref.dtypes import DTYPES
 
 
 def check_bytes(send: np.ndarray, recv: np.ndarray, world: int) -> None:
@@ -63,9 +64,9 @@ class NonBlockingCollectives:
         t0 = time.perf_counter()
         self._check(send, recv, same_dtype=False)
         self._agree("reduce_scatter", recv.size, self.arrays.dtype_name(send))
-        if send.dtype != np.float32:
+        if send.dtype != DTYPES["fp32"]:
             request, finish, keep = isum_16bit_words(self.mpi, send, recv, self.arrays)
-        elif recv.dtype != np.float32:
+        elif recv.dtype != DTYPES["fp32"]:
             request, finish, keep = self._ireduce_scatter_rounded(send, recv)
         else:
             request, finish, keep = self.reduction.ireduce_scatter(
