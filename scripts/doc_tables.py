@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when loaded by path (tests)
 import doc_tables_memory  # noqa: E402
+import doc_tables_overlap  # noqa: E402
 import doc_tables_progress  # noqa: E402
 import doc_tables_render as render  # noqa: E402
 import doc_tables_zeropp  # noqa: E402
@@ -43,6 +44,7 @@ END = "<!-- /measured -->"
 RENDERERS = {
     **render.RENDERERS,
     **doc_tables_memory.RENDERERS,
+    **doc_tables_overlap.RENDERERS,
     **doc_tables_progress.RENDERERS,
     **doc_tables_zeropp.RENDERERS,
 }

@@ -11,7 +11,9 @@ or with ":optimizer"
 after either only that step's optimizer step, on its own time scale (the whole
 step's panel then leaves the offload lanes to it): its units'
 forward and backward (lane "compute"), its collectives, colored by kind, with their
-bytes in the title (lane "collectives"), and the optimizer step (lane "optimizer").
+bytes in the title (lane "collectives"; with --overlap-comm the waits there, and each
+call from issue to completion in lane "in flight", calls in flight together one above
+the other), and the optimizer step (lane "optimizer").
 Lanes only some runs have are drawn when a trace holds them: host<->device copies
 (--device gpu: lane "copies", their bytes in the title), the offloaded optimizer's
 swap-file reads, AdamW sub-groups and writes (--offload-optimizer nvme), and
@@ -48,6 +50,7 @@ LANES = (  # bottom to top; a trace's lanes are drawn only if it has events in t
     "swap reads",
     "copies",
     "collectives",
+    "in flight",
     "compute",
 )
 COLORS = {
@@ -131,8 +134,8 @@ def step_events(
 
 
 def color_of(e: dict) -> str:
-    if e["cat"] == "collectives":
-        return COLORS.get(e["name"], "0.5")
+    if e["cat"] in ("collectives", "in flight"):  # a wait is colored as what it waits for
+        return COLORS.get(e["name"].removeprefix("wait "), "0.5")
     if e["cat"] == "copies":
         return COPY_COLORS[e["name"]]
     if e["cat"] == "compute":
@@ -156,11 +159,12 @@ def placed(events: list[dict], start: float, order: bool) -> list[tuple[dict, fl
 
 def sub_rows(bars: list[tuple[dict, float, float]]) -> dict[int, tuple[int, int]]:
     """id(event) -> (its sub-row, the sub-rows of its lane) for the offload pipeline's
-    sub-group events: each bar goes in the lowest sub-row free when it starts, so reads
-    (or writes) that the two I/O threads run at once are drawn one above the other."""
+    sub-group events and the collectives in flight (--overlap-comm): each bar goes in the
+    lowest sub-row free when it starts, so reads (or writes) that the two I/O threads run
+    at once, or calls in flight together, are drawn one above the other."""
     found, ends = {}, defaultdict(list)  # ends: lane -> each sub-row's last end
     for e, x, width in sorted(bars, key=lambda bar: bar[1]):
-        if "sub_group" in e["args"]:
+        if "sub_group" in e["args"] or e["cat"] == "in flight":
             lane = ends[e["cat"]]
             row = next((i for i, end in enumerate(lane) if end <= x), len(lane))
             if row == len(lane):

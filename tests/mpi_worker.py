@@ -99,6 +99,7 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
         **offload_settings(case),
         **(case.get("overlap") or {}),  # overlap_comm, progress, prefetch_numel, ...
         **(qwz_settings(case) | qgz_settings(case)),  # one quantize_block if both
+        hpz_partition_size=case.get("hpz") or 1,  # hpZ: a partition size, or "host"
     )
     model, batches = build_model(case)
     init = init_params(model, case["seed"])
@@ -187,15 +188,17 @@ def offload_settings(case: dict) -> dict:
 def replay_history(oracle: Oracle, model, batches, history: list[dict], k: int) -> None:
     """The oracle takes the saved run's steps, each at the world size it ran at (and with
     qwZ's block, when the phase names its "qwz": the saved run's, not this one's)."""
-    step, mine = 0, oracle.quantize_block
+    step, mine, reads = 0, oracle.quantize_block, oracle.backward_reads_forward
     for phase in history:
         if "qwz" in phase:
             oracle.quantize_block = phase["qwz"]["quantize_block"] if phase["qwz"] else None
+            # hpZ with qwZ: that run's backward read forward's dequantized weights
+            oracle.backward_reads_forward = bool(phase["qwz"] and phase.get("hpz") not in (None, 1))
         for lr in phase["lrs"]:
             inputs, targets = batches(step, k, phase["world"])
             oracle.model_step(model, inputs, targets, lr)
             step += 1
-        oracle.quantize_block = mine
+        oracle.quantize_block, oracle.backward_reads_forward = mine, reads
 
 
 def consolidated_optimizer_state(engine) -> dict[str, dict[str, np.ndarray]]:

@@ -22,6 +22,7 @@ from tests.test_parity import (
     SETTINGS,
     TINY_UNITS,
     check_bitwise,
+    hpz_allowed,
     offload_allowed,
     options,
     pinned,
@@ -40,9 +41,18 @@ def save_then_resume(mpi_pools, drawn: dict, second: dict) -> tuple[dict, dict]:
     k = drawn["steps"]
     folder = tempfile.mkdtemp(prefix="zero_ref_ckpt_")
     first = run(mpi_pools, {**drawn, "save_to": folder})
-    history = [{"world": drawn["world"], "lrs": drawn["lrs"][:k], "qwz": drawn.get("qwz")}]
+    history = [
+        {
+            "world": drawn["world"],
+            "lrs": drawn["lrs"][:k],
+            "qwz": drawn.get("qwz"),
+            "hpz": drawn.get("hpz"),
+        }
+    ]
     resumed = {**drawn, **second, "resume_from": folder, "history": history}
-    resumed = qwz_allowed(offload_allowed(resumed))  # the second stage may not allow the first's
+    resumed = hpz_allowed(
+        qwz_allowed(offload_allowed(resumed))
+    )  # the second stage may not allow the first's
     resumed["lrs"] = list(reversed(drawn["lrs"]))  # other learning rates after the resume
     return first, run(mpi_pools, resumed)
 

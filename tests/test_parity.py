@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.test_buckets import expected_bucket_plan
-from zero_ref.comm.ledger import QuantizedGathers, expected_sent_bytes
+from zero_ref.comm.ledger import HierarchicalGathers, QuantizedGathers, expected_sent_bytes
 from zero_ref.dtypes import ElementBytes
 from zero_ref.layout.flat import padded_numel
 
@@ -95,11 +95,15 @@ def options(model: st.SearchStrategy, deterministic: bool, worlds: list[int]):
                 # fast-mode tolerance is not meant to cover (a pinned example stays)
                 "qwz": qwz_options() if deterministic else st.none(),
                 "qgz": qwz_options() if deterministic else st.none(),  # qgZ: the same blocks
+                # hpZ: backward's gathers inside groups of this many ranks ("host": the
+                # ranks MPI says share a host, here all of them)
+                "hpz": st.sampled_from([None, 1, 2, 3, 4, "host"]),
             }
         )
         .map(offload_allowed)
         .map(qwz_allowed)
         .map(qgz_allowed)
+        .map(hpz_allowed)
     )
 
 
@@ -157,6 +161,19 @@ def qwz_allowed(drawn: dict) -> dict:
         return drawn | {"qwz": None}
     overlap = drawn.get("overlap")
     return drawn if not overlap else drawn | {"overlap": overlap | {"persistence_numel": 0}}
+
+
+def hpz_allowed(drawn: dict) -> dict:
+    """hpZ is stage 3's, its partition size divides the world size, and its secondary
+    copy is not kept beside parameters offloaded to NVMe (config.py refuses both)."""
+    size, offload = drawn.get("hpz"), drawn.get("offload") or {}
+    if size in (None, 1):
+        return drawn
+    if drawn["stage"] < 3 or offload.get("offload_param") == "nvme":
+        return drawn | {"hpz": None}
+    if size != "host" and drawn["world"] % size:
+        return drawn | {"hpz": None}
+    return drawn
 
 
 def offload_allowed(drawn: dict) -> dict:
@@ -305,7 +322,13 @@ def check_comm_bytes(result: dict, drawn: dict) -> None:
     of its buffer policy), checked here against the bytes MPI was handed; after a
     skipped step more units are still held: at most those bytes."""
     gathers = result["gathers"]
-    if isinstance(gathers, dict):  # qwZ: forward's gathers in int8 and scales
+    if isinstance(gathers, dict) and "group" in gathers:  # hpZ: backward's in the group
+        gathers = HierarchicalGathers(
+            *(tuple(gathers[k]) for k in ("full", "quantized", "group")),
+            gathers["block"],
+            gathers["group_size"],
+        )
+    elif isinstance(gathers, dict):  # qwZ: forward's gathers in int8 and scales
         gathers = QuantizedGathers(
             tuple(gathers["full"]), tuple(gathers["quantized"]), gathers["block"]
         )
@@ -323,7 +346,8 @@ def check_comm_bytes(result: dict, drawn: dict) -> None:
             grad_blocks=result["grad_blocks"],
         )
         kinds = ("reduce_scatter", "reduce_scatter_int8", "allgather", "allgather_int8")
-        sent = sum(v["sent_bytes"] for kind, v in step.items() if kind in (*kinds, "allreduce"))
+        kinds = (*kinds, "allgather_hpz", "allreduce")
+        sent = sum(v["sent_bytes"] for kind, v in step.items() if kind in kinds)
         if gathers and after_skipped:
             assert sent <= expected, f"step {i}: rank 0 sent {sent} bytes, at most {expected}"
             continue
@@ -421,6 +445,15 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scope
     )
 )
 @example(drawn=pinned(TINY_UNITS, stage=3, world=3, qwz=QWZ, qgz=QWZ, overlap=QWZ_PREFETCH))
+# hpZ: backward (and later micro-steps' forwards) gathered in groups from the secondary copy
+@example(drawn=pinned(TINY_UNITS, stage=3, world=4, grad_accum=3, hpz=2))
+@example(drawn=pinned(TINY_UNITS, stage=3, world=4, hpz=2, overlap=OVERLAP_DEEP))
+@example(drawn=pinned(TINY_UNITS, stage=3, world=4, hpz=2, qwz=QWZ, overlap=OVERLAP))
+@example(drawn=pinned(TINY_UNITS, stage=3, world=2, hpz="host", precision=FP16_OVERFLOWING))
+@example(drawn=pinned(TINY_UNITS, stage=3, world=3, hpz=3, precision=BF16_FP32_ACCUM))
+@example(
+    drawn=pinned(TINY_UNITS, stage=3, world=4, hpz=2, offload=OFFLOAD, qwz={"quantize_block": 1})
+)
 def test_deterministic_replay_is_bitwise_oracle(mpi_pools, drawn):
     result = run(mpi_pools, drawn)
     check_bitwise(result)
@@ -452,6 +485,19 @@ def test_deterministic_replay_is_bitwise_oracle(mpi_pools, drawn):
         checkpoint_activations=True,
         qwz={"quantize_block": 64},
         overlap=QWZ_PREFETCH,
+        precision={"precision": "bf16"},
+    )
+)
+@example(drawn=pinned(MLP, stage=3, world=4, grad_accum=2, checkpoint_activations=True, hpz=2))
+@example(
+    drawn=pinned(
+        MLP,
+        stage=3,
+        world=4,
+        checkpoint_activations=True,
+        hpz=2,
+        qwz=QWZ,
+        overlap=OVERLAP,
         precision={"precision": "bf16"},
     )
 )

@@ -131,6 +131,7 @@ def _nested(key: str, value) -> dict:
 def _sample(s: Setting, key: str):
     """A value each DeepSpeed key accepts, other than the setting's default where it can."""
     samples = {"precision": True, "betas": [0.5, 0.75], "nvme_path": "/tmp/swap"}
+    samples["hpz_partition_size"] = 2  # a str setting (it takes "host") whose key is an int
     if s.dest in samples:
         return samples[s.dest]
     if s.choices is not None:

@@ -183,6 +183,12 @@ class ZeroConfig:
                   float32 scale per block of at most quantize_block elements (a unit's own
                   grid, zero_ref/layout/grad_blocks.py) through an Alltoall; each rank
                   dequantizes, sums in rank order in float32 and rounds once.
+    hpz_partition_size  stage 3 (ZeRO++'s hpZ, zero_hpz_partition_size): 1 is off; an
+                  integer G > 1 (dividing the world size, checked by the engine) keeps a
+                  secondary copy of the parameters sharded over each group of G
+                  consecutive ranks, and backward's all-gathers run in the group from it;
+                  "host": the groups are the ranks sharing a host (MPI's shared-memory
+                  split). Values do not change (zero_ref/engine/secondary_copy.py).
     """
 
     stage: int = 2
@@ -213,6 +219,7 @@ class ZeroConfig:
     quantized_weights: bool = False
     quantize_block: int = 2048
     quantized_gradients: bool = False
+    hpz_partition_size: int | str = 1
 
     def __post_init__(self) -> None:
         _require(
@@ -263,6 +270,7 @@ class ZeroConfig:
         self._check_device()
         self._check_overlap()
         self._check_zeropp()
+        self._check_hpz()
         self._check_qgz()
 
     def _check_qgz(self) -> None:
@@ -320,6 +328,36 @@ class ZeroConfig:
             self.persistence_numel,
             "0 with quantized_weights (a persistent unit is gathered once for forward and "
             "backward, which need different gathers under qwZ)",
+        )
+
+    def _check_hpz(self) -> None:
+        size = self.hpz_partition_size
+        _require(
+            size == "host" or _positive_int(size),
+            "hpz_partition_size",
+            size,
+            "an integer >= 1 (1: off) or 'host' (the ranks sharing a host)",
+        )
+        if size == 1:
+            return
+        _require(
+            self.stage == 3,
+            "hpz_partition_size",
+            size,
+            "1 below stage 3 (hpZ's secondary copy serves stage 3's backward gathers)",
+        )
+        _require(
+            self.device == "cpu",
+            "hpz_partition_size",
+            size,
+            "1 with device 'gpu' (hpZ is built on the CPU path only)",
+        )
+        _require(
+            self.offload_param != "nvme",
+            "hpz_partition_size",
+            size,
+            "1 with offload_param 'nvme' (the secondary copy lives in RAM, a second copy of "
+            "the parameters the offload moved to disk; zero_ref does not swap it)",
         )
 
     def _check_overlap(self) -> None:

@@ -143,24 +143,42 @@ class OverlapBuffers:
     """What --overlap-comm and stage 3's plan add to a stage's buffers: the bucket
     staging lanes (2 with overlap: double-buffered) and each lane's receive row, and
     stage 3's gathered-unit buffers and persistent units; with qwZ (quantize_block)
-    each gathered-unit buffer's int8 send and receive bytes, and one float32 scratch."""
+    each gathered-unit buffer's int8 send and receive bytes, and one float32 scratch;
+    with hpZ (hpz_group: the partition group's ranks) the secondary copy, 1/G of every
+    unit in the parameters' dtype."""
 
     lanes: int = 1
     plan: PrefetchPlan = PrefetchPlan()
     quantize_block: int | None = None
+    hpz_group: int | None = None
     gradient_block: int | None = None  # qgZ: each lane's quantized send and receive bytes
 
 
-def overlap_buffers(unit_numels: Sequence[int], cfg) -> OverlapBuffers:
+def hpz_group_of(cfg, world_size: int, ranks_per_host: int | None = None) -> int | None:
+    """hpZ's partition group size for a ZeroConfig (None: hpZ off). "host" is the ranks
+    per host where the caller knows it (a launched run: MPI's shared-memory split), else
+    the world size: an estimate made before launch assumes one host."""
+    size = getattr(cfg, "hpz_partition_size", 1)
+    if size == 1:
+        return None
+    if size == "host":
+        return ranks_per_host or world_size
+    return int(size)
+
+
+def overlap_buffers(
+    unit_numels: Sequence[int], cfg, hpz_group: int | None = None
+) -> OverlapBuffers:
     """The OverlapBuffers a ZeroConfig asks for (its overlap_comm, prefetch_numel,
-    max_live_numel, persistence_numel), for these padded unit sizes."""
+    max_live_numel, persistence_numel), for these padded unit sizes; hpz_group: hpZ's
+    partition group size (hpz_group_of), None without hpZ."""
     plan = prefetch_plan(
         unit_numels, cfg.overlap_comm, cfg.prefetch_numel, cfg.max_live_numel,
         cfg.persistence_numel,
     )  # fmt: skip
     block = cfg.quantize_block if getattr(cfg, "quantized_weights", False) else None
     grad_block = cfg.quantize_block if getattr(cfg, "quantized_gradients", False) else None
-    return OverlapBuffers(2 if cfg.overlap_comm else 1, plan, block, grad_block)
+    return OverlapBuffers(2 if cfg.overlap_comm else 1, plan, block, hpz_group, grad_block)
 
 
 def buffer_bytes(
@@ -220,6 +238,8 @@ def buffer_bytes(
             held |= quantized_gather_bytes(
                 wide // world_size, world_size, plan.buffers, overlap.quantize_block
             )
+        if overlap.hpz_group is not None:  # hpZ's secondary copy: 1/G of every unit
+            held["hpZ secondary"] = sizes.param * (total_numel // overlap.hpz_group)
     return held
 
 

@@ -27,7 +27,9 @@ to the parameters' dtype, while backward reads the full-precision ones; with
 activation checkpointing the forward recomputed before a unit's backward reads the
 full ones too, as the engine's, which runs it after backward's gather. So the
 per-unit forward and backward are written here (model_gradients), in the engine's
-order, not taken from loss_and_grads.
+order, not taken from loss_and_grads. With hpZ too (`backward_reads_forward`) backward
+and its recompute read the dequantized ones as well: the secondary copy backward gathers
+from is filled from forward's gather (zero_ref/engine/secondary_copy.py).
 
 With qgZ (ZeRO++'s quantized gradients, `gradient_blocks`) each g[j][r], after those
 roundings, is laid out as the engine's buckets see it (the layout at W ranks, each
@@ -116,6 +118,7 @@ class Oracle:
         quantize_block: int | None = None,
         checkpoint_activations: bool = False,
         gradient_blocks: GradientBlocks | None = None,
+        backward_reads_forward: bool = False,
     ) -> None:
         self.names = list(init_params)
         self.shapes = [np.shape(init_params[k]) for k in self.names]
@@ -133,6 +136,8 @@ class Oracle:
         self.quantize_block = quantize_block  # qwZ's block (None: forward reads full weights)
         self.recompute = checkpoint_activations  # with qwZ: the recompute reads full weights
         self.gradient_blocks = gradient_blocks  # qgZ's (None: gradients summed as they are)
+        # hpZ with qwZ: backward reads forward's dequantized weights (the secondary copy)
+        self.backward_reads_forward = backward_reads_forward
         self.step_count = 0
         self.last_grad_norm = float("nan")
         self.last_skipped = False
@@ -157,6 +162,7 @@ class Oracle:
             cfg.quantize_block if cfg.quantized_weights else None,
             cfg.checkpoint_activations,
             blocks,
+            cfg.quantized_weights and cfg.hpz_partition_size != 1,
         )
 
     def loss_scale(self) -> float | None:
@@ -333,6 +339,8 @@ class Oracle:
         forward = params
         if self.quantize_block is not None:
             forward = {k: xp.asarray(v) for k, v in self.forward_parameters(model).items()}
+            if self.backward_reads_forward:
+                params = forward
         losses, grads = [], []
         for j in range(inputs.shape[0]):
             per_rank = []

@@ -25,6 +25,7 @@ from zero_ref.memory_formulas import (
     formula_bytes,
     gpt_activation_bytes,
     grads_on_disk,
+    hpz_group_of,
     mlp_activation_bytes,
     offload_buffer_bytes,
     overlap_buffers,
@@ -83,7 +84,9 @@ def state_bytes(
     ZeroConfig, the buffers its overlap and stage-3 plan add)."""
     world = layout.world_size
     unit_numels = [u.padded_numel for u in layout.units]
-    overlap = OverlapBuffers() if overlap_cfg is None else overlap_buffers(unit_numels, overlap_cfg)
+    overlap = OverlapBuffers()
+    if overlap_cfg is not None:
+        overlap = overlap_buffers(unit_numels, overlap_cfg, hpz_group_of(overlap_cfg, world))
     buffers = buffer_formula_bytes(
         stage, unit_numels, world, bucket_numel, grad_accum, sizes, overlap
     )

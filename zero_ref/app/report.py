@@ -6,8 +6,10 @@ from zero_ref.app.process_memory import PhasePeaks
 from zero_ref.comm.ledger import (
     COPY_KINDS,
     CommLedger,
+    HierarchicalGathers,
     QuantizedGathers,
     expected_sent_bytes,
+    hpz_sent_bytes,
     paper_sent_bytes,
 )
 from zero_ref.dtypes import ElementBytes
@@ -150,7 +152,15 @@ def _volume_lines(
         why = []
         if k > 1:
             why.append(f"{k} micro-steps")
-        if isinstance(gathers, QuantizedGathers):
+        if isinstance(gathers, HierarchicalGathers):
+            across, inside = hpz_sent_bytes(unit_numels, world, k, sizes, gathers)
+            if gathers.block is not None:
+                why.append(f"qwZ: first gathers in int8 + a float32 scale per {gathers.block}")
+            why.append(
+                f"hpZ: later gathers inside groups of {gathers.group_size}, {inside:,} of the "
+                f"bytes; {across:,} across the world"
+            )
+        elif isinstance(gathers, QuantizedGathers):
             why.append(f"qwZ: forward gathers in int8 + a float32 scale per {gathers.block}")
         elif stage == 3:
             held = "the units in the buffers" if gathers else "the unit in the buffer"

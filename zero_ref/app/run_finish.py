@@ -15,7 +15,12 @@ from zero_ref.app.process_memory import PhasePeaks
 from zero_ref.app.report import comm_table, memory_table, rank_report, rss_table
 from zero_ref.app.run_setup import Prepared
 from zero_ref.app.tasks import Task
-from zero_ref.comm.ledger import QuantizedGathers, expected_sent_bytes, paper_sent_bytes
+from zero_ref.comm.ledger import (
+    HierarchicalGathers,
+    QuantizedGathers,
+    expected_sent_bytes,
+    paper_sent_bytes,
+)
 from zero_ref.io.metrics_log import JsonlLog
 from zero_ref.io.tensor_io import SafetensorsWriter
 from zero_ref.io.trace import Trace, write_trace
@@ -166,6 +171,8 @@ def _qgz_blocks(zero, unit_numels, world: int) -> int | None:
 
 
 def _qwz_gathers(engine):
-    """Stage 3 with qwZ: its gathers by kind (forward's in int8), for the expected bytes."""
-    gathers = engine.gathers() if engine.cfg.quantized_weights else None
-    return gathers if isinstance(gathers, QuantizedGathers) else None
+    """Stage 3 with qwZ or hpZ: its gathers by kind (forward's in int8, the group's from
+    hpZ's secondary copy), for the expected bytes."""
+    zeropp = engine.cfg.quantized_weights or engine.cfg.hpz_partition_size != 1
+    gathers = engine.gathers() if zeropp else None
+    return gathers if isinstance(gathers, QuantizedGathers | HierarchicalGathers) else None

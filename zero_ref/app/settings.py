@@ -32,6 +32,18 @@ def _clip_to_config(value: float, _: Any) -> float | None:
     return value or None  # --clip 0 (gradient_clipping 0): no clipping, ZeroConfig's None
 
 
+def _hpz_to_config(value: str | int, _: Any) -> int | str:
+    """--hpz-partition-size: 'host', or an integer (a DeepSpeed config's is one already)."""
+    if value == "host" or isinstance(value, int):
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(
+            f"--hpz-partition-size {value!r}: allowed are an integer >= 1 (1: off) or 'host'"
+        ) from None
+
+
 def _accum_to_config(value: str | None, s: Any) -> str | None:
     return None if value == s["precision"] else value  # naming the precision is its default
 
@@ -79,6 +91,15 @@ ENGINE = (
             "elements at most) through an Alltoall, dequantized and summed in rank order in "
             "float32 (docs/zeropp.md)",
             bool, ds=(ZO + "zero_quantized_gradients",), feeds=Z + "quantized_gradients"),
+    Setting("hpz_partition_size", "engine", "stage 3, ZeRO++'s hpZ: a secondary copy of the "
+            "parameters sharded over groups of this many consecutive ranks ('host': the "
+            "ranks sharing a host, MPI's shared-memory split), filled from each unit's "
+            "first gather after an update; backward gathers inside the group from it "
+            "(docs/zeropp.md). 1: off; an integer must divide the world size",
+            str, minimum=1, cli_range=False,
+            allowed="an integer >= 1 dividing the world size, or 'host'",
+            ds=(ZO + "zero_hpz_partition_size",), ds_parse=dv.integer(1),
+            feeds=Z + "hpz_partition_size", to_config=_hpz_to_config),
 )
 PRECISION = (
     Setting("precision", "precision", "fp16/bf16: 16-bit parameters and gradients, fp32 "

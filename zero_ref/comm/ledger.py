@@ -186,6 +186,20 @@ class QuantizedGathers:
     block: int
 
 
+@dataclass(frozen=True)
+class HierarchicalGathers:
+    """Stage 3 with hpZ: each unit's gathers per step across the world (full precision,
+    and with qwZ forward's quantized ones, `block`), and inside its partition group of
+    `group_size` ranks from the secondary copy (the ledger's "allgather_hpz"; with qwZ
+    too they send the dequantized values in the parameters' dtype)."""
+
+    full: tuple[int, ...]
+    quantized: tuple[int, ...]
+    group: tuple[int, ...]
+    block: int | None
+    group_size: int
+
+
 def quantized_gather_bytes(numel: int, block: int) -> int:
     """Bytes of one quantized gather of a unit of numel (padded) elements, all ranks'
     slices together: numel int8 values and 4 bytes per block (what a rank sends is
@@ -201,7 +215,7 @@ def expected_sent_bytes(
     sizes: ElementBytes = FP32,
     skipped: bool = False,
     after_skipped: bool = False,
-    gathers: Sequence[int] | QuantizedGathers | None = None,
+    gathers: Sequence[int] | QuantizedGathers | HierarchicalGathers | None = None,
     grad_blocks: int | None = None,
 ) -> int:
     """Bytes one rank sends per step for parameters and gradients in zero_ref's schedule.
@@ -217,8 +231,10 @@ def expected_sent_bytes(
     unit's gathers per step where stage 3 holds more than one unit (prefetch buffers,
     persistent units: zero_ref/engine/gathered_unit.py's gathers_per_step), or with
     qwZ a QuantizedGathers: forward's gathers then send (W-1)/W * (numel + 4 numel /
-    block) bytes each, backward's their parameters' dtype. `grad_blocks` (qgZ): the
-    number of quantization blocks of a destination row, summed over the buckets
+    block) bytes each, backward's their parameters' dtype; with hpZ a HierarchicalGathers:
+    its group gathers send (G-1)/G of their units in the parameters' dtype (hpz_sent_bytes
+    gives the two parts apart). `grad_blocks` (qgZ): the number of quantization
+    blocks of a destination row, summed over the buckets
     (zero_ref/layout/grad_blocks.py); each micro-step's reduce-scatter then sends (W-1) x
     (psi / W + 4 grad_blocks) bytes (int8 values and float32 scales) in place of
     (W-1)/W x psi x sizes.comm."""
@@ -234,6 +250,8 @@ def expected_sent_bytes(
         return params + k * (world_size - 1) * (psi // world_size + 4 * grad_blocks)
     if stage < 3:
         return int(fraction * psi * (k * sizes.comm + (0 if skipped else sizes.param)))
+    if isinstance(gathers, HierarchicalGathers):
+        return sum(hpz_sent_bytes(unit_numels, world_size, grad_accum, sizes, gathers))
     if isinstance(gathers, QuantizedGathers):
         full = sum(n * c for n, c in zip(unit_numels, gathers.full, strict=True))
         quantized = sum(
@@ -246,6 +264,30 @@ def expected_sent_bytes(
     )
     gathered = sum(n * c for n, c in zip(unit_numels, counts, strict=True))
     return int(fraction * (sizes.param * gathered + sizes.comm * k * psi))
+
+
+def hpz_sent_bytes(
+    unit_numels: Sequence[int],
+    world_size: int,
+    grad_accum: int,
+    sizes: ElementBytes,
+    gathers: HierarchicalGathers,
+) -> tuple[int, int]:
+    """Stage 3 with hpZ, bytes one rank sends per step: (across the world: the
+    gradients' reduce-scatter and the gathers from the primary shards, inside the
+    partition group: the gathers from the secondary copy). Across hosts, when the
+    groups are the hosts, only the first part travels."""
+    psi, world = sum(unit_numels), (world_size - 1) / world_size
+    full = sum(n * c for n, c in zip(unit_numels, gathers.full, strict=True))
+    quantized = sum(
+        quantized_gather_bytes(n, gathers.block) * c
+        for n, c in zip(unit_numels, gathers.quantized, strict=True)
+        if c
+    )
+    group = sum(n * c for n, c in zip(unit_numels, gathers.group, strict=True))
+    across = int(world * (sizes.param * full + quantized + sizes.comm * grad_accum * psi))
+    inside = int((gathers.group_size - 1) / gathers.group_size * sizes.param * group)
+    return across, inside
 
 
 def stage3_gathers(n_units: int, grad_accum: int, held: int | None = None) -> list[int]:

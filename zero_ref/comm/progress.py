@@ -10,8 +10,8 @@ policies here are the ways to do that; docs/overlap_progress.md has the measurem
 chose the default.
 
   test    poke() calls MPI_Test; the engine pokes at unit boundaries. The default: on
-          4 ranks sharing 2 cores across a 200 Mbit/s link it hid 0.6-0.8 of each
-          collective, where both threads below made the step slower.
+          4 ranks sharing 2 cores across a 200 Mbit/s link it hid 0.54-0.94 of each
+          collective of 4 MiB or more, more than either thread below.
   thread  a Python thread calls MPI_Test in a loop while compute releases the GIL
           (BLAS and Numba nogil kernels do). Needs MPI_THREAD_MULTIPLE.
   mpich   MPICH's own progress thread (MPIR_CVAR_ASYNC_PROGRESS=1 at MPI_Init).
@@ -39,9 +39,10 @@ from mpi4py import MPI
 PROGRESS_MODES = ("test", "thread", "mpich", "none")
 DEFAULT_PROGRESS = "test"  # measured: docs/overlap_progress.md
 ASYNC_VARS = ("MPIR_CVAR_ASYNC_PROGRESS", "MPICH_ASYNC_PROGRESS")  # MPICH reads either name
-# The thread's pause between tests. 0.1 ms beat 0 (a bare GIL yield) on 4 ranks sharing 2
-# cores, where a spinning thread takes its CPU from compute (docs/overlap_progress.md).
-POLL_S = 1e-4
+# The thread's pause between tests. On 4 ranks sharing 2 cores, where a polling thread
+# takes its CPU from compute, 1 ms beat 0.1 ms, which beat 0, a bare GIL yield
+# (docs/overlap_progress.md).
+POLL_S = 1e-3
 _IDLE_WAIT_S = 0.05  # the thread's longest sleep while nothing is in flight
 
 
@@ -104,6 +105,8 @@ class _Pump:
         self.request.Test()
 
     def close(self) -> None:
+        if self.comm == MPI.COMM_NULL:  # closed already
+            return
         self.request.Cancel()
         self.request.Wait()
         self.comm.Free()

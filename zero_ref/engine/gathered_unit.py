@@ -228,30 +228,51 @@ def gathers_per_step(
 
 
 def gathers_by_kind(
-    plan: PrefetchPlan, unit_numels: list[int], grad_accum: int, quantized: bool
-) -> tuple[list[int], list[int]]:
-    """Each unit's full-precision gathers and quantized (qwZ forward) gathers per step."""
+    plan: PrefetchPlan,
+    unit_numels: list[int],
+    grad_accum: int,
+    quantized: bool,
+    hpz: bool = False,
+) -> tuple[list[int], ...]:
+    """Each unit's full-precision gathers and quantized (qwZ forward) gathers per step;
+    with hpz (ZeRO++'s secondary copy, zero_ref/engine/secondary_copy.py) a third list,
+    the gathers inside the partition group: every gather of a unit after its first
+    (world) gather has been waited for, until the update, and with qwZ every key is
+    quantized (forward and backward read the same dequantized values)."""
     counts = {True: [0] * len(unit_numels), False: [0] * len(unit_numels)}
+    group, fresh = [0] * len(unit_numels), set()  # fresh: units the copy holds
 
-    def issue(key: Key, out: np.ndarray, lane: int) -> None:
+    def issue(key: Key, out: np.ndarray, lane: int) -> int | None:
+        if hpz and key[0] in fresh:
+            group[key[0]] += 1
+            return None
         counts[key[1]][key[0]] += 1
+        return key[0]  # a world gather: waited for, it fills the copy
+
+    def complete(key: Key, primary: int | None) -> None:
+        if primary is not None:
+            fresh.add(primary)
 
     empty = [np.empty(0, np.uint8)] * plan.buffers
     kept = {i: np.empty(0, np.uint8) for i in plan.persistent}
-    units = GatheredUnits(empty, kept, plan, unit_numels.__getitem__, issue, lambda i, p: None)
+    units = GatheredUnits(empty, kept, plan, unit_numels.__getitem__, issue, complete)
     n, q = len(unit_numels), quantized
+    fwd, q_back = q, q and hpz  # the keys' flag in forward and in backward
     for micro in range(grad_accum):
         for i in range(n):
             ahead = [
                 *((j, q) for j in range(i + 1, n)),
-                *((j, False) for j in range(n - 1, -1, -1)),
+                *((j, q_back) for j in range(n - 1, -1, -1)),
             ]
             units.acquire((i, q), ahead)
             units.release((i, q))
         again = list(range(n)) if micro < grad_accum - 1 else []
         for i in range(n - 1, -1, -1):
             units.acquire(
-                (i, False), [*((j, False) for j in range(i - 1, -1, -1)), *((j, q) for j in again)]
+                (i, q_back),
+                [*((j, q_back) for j in range(i - 1, -1, -1)), *((j, fwd) for j in again)],
             )
-            units.release((i, False))
+            units.release((i, q_back))
+    if hpz:
+        return counts[False], counts[True], group
     return counts[False], counts[True]

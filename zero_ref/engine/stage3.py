@@ -14,6 +14,12 @@ With qwZ (cfg.quantized_weights, ZeRO++) the forward gathers send int8 and block
 scales instead (zero_ref/engine/quantized_gather.py) and backward gathers full
 precision, as DeepSpeed's stage 3 does: its backward all-gather is unquantized
 unless hpZ's secondary copy serves it.
+
+With hpZ (cfg.hpz_partition_size, ZeRO++) a secondary copy sharded over each partition
+group (zero_ref/engine/secondary_copy.py) is filled from each unit's first gather after
+an update, and every later gather of the unit until the next update (backward's) runs
+inside the group from it, in the gathered values' own dtype; with qwZ too, those are
+forward's dequantized values, so a key's `quantized` says what every gather holds.
 """
 
 from __future__ import annotations
@@ -22,10 +28,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from zero_ref.comm.ledger import QuantizedGathers
+from zero_ref.comm.groups import partition_group
+from zero_ref.comm.ledger import HierarchicalGathers, QuantizedGathers
 from zero_ref.engine.gathered_unit import GatheredUnits, Key, gathers_by_kind, gathers_per_step
 from zero_ref.engine.init_source import InitSource
 from zero_ref.engine.quantized_gather import QuantizedGather
+from zero_ref.engine.secondary_copy import SecondaryCopy
 from zero_ref.engine.stage2 import Stage2GradientsSharded
 from zero_ref.engine.stores import param_store_for
 from zero_ref.layout.flat import FlatLayout, Owned, shard_range, tensor_views
@@ -46,6 +54,7 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
         self._fill_shards(source)
         self.gathered = self._gathered_units()  # EMPTY; gathered, used, released per unit
         self.qwz = self._quantized_gather()  # None without quantized weights
+        self.hpz = self._secondary_copy()  # None without hpZ
         self._init_compute_scratch()
 
     def _gathered_units(self) -> GatheredUnits:
@@ -73,6 +82,14 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
         return QuantizedGather(
             self.place, lanes, wide // self.world, self.world, self.cfg.quantize_block
         )
+
+    def _secondary_copy(self) -> SecondaryCopy | None:
+        """hpZ's secondary copy and its partition group's Comm (comm/groups.py)."""
+        if self.cfg.hpz_partition_size == 1:
+            return None
+        group = partition_group(self.comm.host_comm, self.cfg.hpz_partition_size)
+        numels = [u.padded_numel for u in self.layout.units]
+        return SecondaryCopy(self.place, group, numels, self.precision.param)
 
     def _fill_params(self, source: InitSource) -> None:
         """Resuming: the shards from the source; a gathered copy is stale after."""
@@ -104,8 +121,9 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
         return tensor_views(self._widened(full), self.layout.units[i])
 
     def _key(self, i: int, forward: bool = False) -> Key:
-        """What a gather of unit i holds: quantized in forward with qwZ, else full."""
-        return (int(i), bool(forward and self.qwz is not None))
+        """What a gather of unit i holds: quantized in forward with qwZ, else full; with
+        hpZ and qwZ quantized in backward too (the secondary copy holds forward's values)."""
+        return (int(i), bool((forward or self.hpz is not None) and self.qwz is not None))
 
     def _issue_gather(self, key: Key, out: np.ndarray, lane: int):
         """Issue out <- unit i's parameters from every rank's shard (int8 and scales for
@@ -113,6 +131,15 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
         i, quantized = key
         if not out.size:
             return None
+        if self.hpz is not None:
+            if self.hpz.serves(i):
+                return self.hpz.gather(i, out, self.schedule.prefetches)
+            primary = self._issue_primary(i, quantized, out, lane)
+            return self.hpz.after_primary(self.schedule, primary, i, out)
+        return self._issue_primary(i, quantized, out, lane)
+
+    def _issue_primary(self, i: int, quantized: bool, out: np.ndarray, lane: int):
+        """Unit i from every rank's primary shard, across the world."""
         send = self.shard_params[self.layout.units[i].shard_slice()]
         if quantized:
             where = f"unit {self.layout.units[i].name} (rank {self.rank}'s parameter slice)"
@@ -143,7 +170,9 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
 
     def _stale(self) -> None:
         """The shard changed: the gathered copy of a unit is stale."""
-        self.gathered.invalidate()
+        self.gathered.invalidate()  # may finish a gather in flight: the copy goes after
+        if self.hpz is not None:
+            self.hpz.invalidate()
 
     def _lend_unit_buffer(self) -> Callable[[], np.ndarray]:
         """The idle gathered unit (or the float32 scratch) lands streamed units."""
@@ -153,12 +182,19 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
     def _kept_whole(self) -> tuple[np.ndarray, ...]:
         return ()
 
-    def gathers(self) -> list[int] | QuantizedGathers | None:
+    def gathers(self) -> list[int] | QuantizedGathers | HierarchicalGathers | None:
         """Each unit's gathers per step where they are not comm/ledger.py's
         stage3_gathers: with prefetch buffers or persistent units, and with qwZ (whose
         forward gathers are counted apart, in int8 and scales)."""
         plan = self.gathered.plan
         numels = [u.padded_numel for u in self.layout.units]
+        if self.hpz is not None:
+            q, k = self.qwz is not None, self.cfg.grad_accum
+            full, forward, group = gathers_by_kind(plan, numels, k, q, hpz=True)
+            block = self.cfg.quantize_block if q else None
+            return HierarchicalGathers(
+                tuple(full), tuple(forward), tuple(group), block, self.hpz.size
+            )
         if self.qwz is not None:
             full, forward = gathers_by_kind(plan, numels, self.cfg.grad_accum, True)
             return QuantizedGathers(tuple(full), tuple(forward), self.cfg.quantize_block)
@@ -170,6 +206,12 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
         """Wait for every collective in flight: a prefetched unit's gather too."""
         self.gathered.finish_in_flight()
         super().settle()
+
+    def close(self) -> None:
+        """The base's clean end, then hpZ's group communicator freed (a collective)."""
+        super().close()
+        if self.hpz is not None:
+            self.hpz.close()
 
 
 def stage3_plan(cfg, layout: FlatLayout, prefetches: bool) -> PrefetchPlan:
