@@ -1,6 +1,6 @@
 """The renderers of docs/zeropp.md's measured tables (scripts/doc_tables.py calls them):
 qwZ's padding and its quantization error per block, from scripts/quantize_error.py's
-recorded results."""
+recorded results, and qgZ's error per gradient block, from scripts/qgz_error.py's."""
 
 from __future__ import annotations
 
@@ -52,4 +52,29 @@ def qwz_error(*results: Result) -> str:
     )
 
 
-RENDERERS = {f.__name__: f for f in (qwz_padding, qwz_error)}
+def qgz_error(*results: Result) -> str:
+    """qgZ: max |g - g'| / amax per gradient block, its mean, the RMS error, and the
+    summed gradient's relative L2 error, per recorded run of scripts/qgz_error.py."""
+    rows = [
+        [
+            f"after {r.data['steps']} steps" if r.data["steps"] else "initial parameters",
+            f"{r.data['blocks']:,} of <= {r.data['block']}",
+            f"{r.data['max_rel_error']:.7f}",
+            f"{r.data['mean_rel_error']:.7f}",
+            f"{r.data['mean_rms_rel_error']:.5f}",
+            f"{100 * r.data['summed_grad_rel_l2_error']:.2f} %",
+        ]
+        for r in results
+    ]
+    header = [
+        f"gradients ({results[0].data['world']} ranks)",
+        "blocks",
+        "max err / amax",
+        "mean per-block max",
+        "mean RMS / amax",
+        "summed gradient, relative L2 error",
+    ]
+    return f"{measured_by(*results)}\n\n{table(header, rows)}"
+
+
+RENDERERS = {f.__name__: f for f in (qwz_padding, qwz_error, qgz_error)}

@@ -29,6 +29,7 @@ from zero_ref.config import AdamWConfig, ZeroConfig
 from zero_ref.engine.ladder import make_engine
 from zero_ref.engine.memory import formula_bytes
 from zero_ref.layout.flat import tensor_views
+from zero_ref.layout.grad_blocks import plan_blocks
 from zero_ref.models.unit import init_params
 from zero_ref.optim.loss_scale import LossScaleConfig
 from zero_ref.oracle import Oracle
@@ -97,14 +98,14 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
         device=case.get("device", "cpu"),
         **offload_settings(case),
         **(case.get("overlap") or {}),  # overlap_comm, progress, prefetch_numel, ...
-        **qwz_settings(case),
+        **(qwz_settings(case) | qgz_settings(case)),  # one quantize_block if both
         hpz_partition_size=case.get("hpz") or 1,  # hpZ: a partition size, or "host"
     )
     model, batches = build_model(case)
     init = init_params(model, case["seed"])
     comm = comm_for(world, cfg)
     k, w, steps = cfg.grad_accum, comm.size, []
-    oracle = Oracle.for_config(init, cfg) if comm.rank == 0 else None
+    oracle = Oracle.for_config(init, cfg, model) if comm.rank == 0 else None
     first = 0
     if case.get("resume_from"):
         checkpoint = Checkpoint(case["resume_from"])
@@ -166,6 +167,12 @@ def qwz_settings(case: dict) -> dict:
     return {} if not qwz else {"quantized_weights": True, "quantize_block": qwz["quantize_block"]}
 
 
+def qgz_settings(case: dict) -> dict:
+    """ZeroConfig's qgZ fields for a case with "qgz": {quantize_block} (stages 1-3)."""
+    qgz = case.get("qgz")
+    return {} if not qgz else {"quantized_gradients": True, "quantize_block": qgz["quantize_block"]}
+
+
 def offload_settings(case: dict) -> dict:
     """ZeroConfig's offload fields for a case with "offload": {sub_group_size,
     buffer_count}: the optimizer state in swap files under the temp folder; or
@@ -223,6 +230,16 @@ def gathers_record(gathers):
     return dataclasses.asdict(gathers) if dataclasses.is_dataclass(gathers) else gathers
 
 
+def qgz_blocks(engine) -> int | None:
+    """qgZ's blocks per micro-step (a destination row's, over the bucket plan), or None."""
+    cfg = engine.cfg
+    if not cfg.quantized_gradients:
+        return None
+    padded = [u.padded_numel for u in engine.layout.units]
+    plan = plan_blocks(padded, engine.layout.world_size, cfg.bucket_numel, cfg.quantize_block)
+    return sum(blocks for _, blocks in plan)
+
+
 def plan(engine) -> dict:
     """What the test checks the bucket plan against: each unit's padded numel, the
     engine's buckets (stages 1-3) and its buffers' bytes (staging, scratch)."""
@@ -234,6 +251,7 @@ def plan(engine) -> dict:
         else [[b.first_unit, b.last_unit, b.shard_offset, b.shard_numel] for b in buckets.plan],
         "buffer_bytes": {n: int(a.nbytes) for n, a in engine.memory.held["buffers"].items()},
         "gathers": gathers_record(engine.gathers()),  # stage 3 with prefetch, persistence, qwZ
+        "grad_blocks": qgz_blocks(engine),  # qgZ: blocks of a destination row, all buckets
     }
 
 

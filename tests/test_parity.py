@@ -94,6 +94,7 @@ def options(model: st.SearchStrategy, deterministic: bool, worlds: list[int]):
                 # move a weight across an int8 rounding tie, a jump of one scale step the
                 # fast-mode tolerance is not meant to cover (a pinned example stays)
                 "qwz": qwz_options() if deterministic else st.none(),
+                "qgz": qwz_options() if deterministic else st.none(),  # qgZ: the same blocks
                 # hpZ: backward's gathers inside groups of this many ranks ("host": the
                 # ranks MPI says share a host, here all of them)
                 "hpz": st.sampled_from([None, 1, 2, 3, 4, "host"]),
@@ -101,6 +102,7 @@ def options(model: st.SearchStrategy, deterministic: bool, worlds: list[int]):
         )
         .map(offload_allowed)
         .map(qwz_allowed)
+        .map(qgz_allowed)
         .map(hpz_allowed)
     )
 
@@ -140,6 +142,15 @@ def qwz_options() -> st.SearchStrategy:
     return st.one_of(
         st.none(), st.fixed_dictionaries({"quantize_block": st.sampled_from([1, 3, 8, 64])})
     )
+
+
+def qgz_allowed(drawn: dict) -> dict:
+    """qgZ quantizes the buckets of stages 1-3; with qwZ both use one quantize_block."""
+    if not drawn.get("qgz"):
+        return drawn
+    if drawn["stage"] < 1:
+        return drawn | {"qgz": None}
+    return drawn | {"qgz": drawn["qwz"]} if drawn.get("qwz") else drawn
 
 
 def qwz_allowed(drawn: dict) -> dict:
@@ -213,6 +224,7 @@ OFFLOAD_ALL = OFFLOAD | {"offload_param": "nvme"}  # stage 3: the parameter shar
 OVERLAP = {"overlap_comm": True}  # one unit ahead, progress by MPI_Testall
 OVERLAP_DEEP = OVERLAP | {"prefetch_numel": 1 << 20, "persistence_numel": 10, "progress": "thread"}
 QWZ = {"quantize_block": 8}  # ZeRO++'s qwZ: stage 3's forward gathers in int8, blocks of 8
+QGZ = {"quantize_block": 3}  # ZeRO++'s qgZ: each bucket's reduce-scatter in int8, blocks of 3
 QWZ_PREFETCH = OVERLAP | {"prefetch_numel": 1 << 20, "progress": "thread"}  # no persistence
 
 
@@ -296,7 +308,8 @@ def check_buckets(result: dict, drawn: dict) -> None:
         return  # no buckets (a 16-bit all-reduce is chunked reduce-scatters + all-gathers)
     per_micro_step = len(plan)
     for i, step in enumerate(result["ledger"]):
-        calls = step.get("reduce_scatter", {}).get("calls", 0)
+        kind = "reduce_scatter_int8" if drawn.get("qgz") else "reduce_scatter"
+        calls = step.get(kind, {}).get("calls", 0)
         assert calls == k * per_micro_step, f"step {i}: {calls} reduce-scatters; plan {plan}"
 
 
@@ -330,13 +343,11 @@ def check_comm_bytes(result: dict, drawn: dict) -> None:
             skipped=report["skipped"],
             after_skipped=after_skipped,
             gathers=gathers,
+            grad_blocks=result["grad_blocks"],
         )
-        sent = sum(
-            v["sent_bytes"]
-            for kind, v in step.items()
-            if kind
-            in ("reduce_scatter", "allgather", "allgather_int8", "allgather_hpz", "allreduce")
-        )
+        kinds = ("reduce_scatter", "reduce_scatter_int8", "allgather", "allgather_int8")
+        kinds = (*kinds, "allgather_hpz", "allreduce")
+        sent = sum(v["sent_bytes"] for kind, v in step.items() if kind in kinds)
         if gathers and after_skipped:
             assert sent <= expected, f"step {i}: rank 0 sent {sent} bytes, at most {expected}"
             continue
@@ -418,6 +429,22 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scope
         precision=BF16_FP32_ACCUM,
     )
 )
+# qgZ: each bucket's reduce-scatter through int8 blocks, summed in rank order
+@example(drawn=pinned(TINY_UNITS, stage=3, world=3, grad_accum=3, qgz=QGZ))
+@example(drawn=pinned(TINY_UNITS, stage=3, world=4, qgz=QGZ, precision=FP16_OVERFLOWING))
+@example(drawn=pinned(TINY_UNITS, stage=1, world=3, grad_accum=1, qgz={"quantize_block": 1}))
+@example(
+    drawn=pinned(
+        TINY_UNITS,
+        stage=2,
+        world=2,
+        qgz=QGZ,
+        overlap=OVERLAP,
+        offload=OFFLOAD,
+        precision=BF16_FP32_ACCUM,
+    )
+)
+@example(drawn=pinned(TINY_UNITS, stage=3, world=3, qwz=QWZ, qgz=QWZ, overlap=QWZ_PREFETCH))
 # hpZ: backward (and later micro-steps' forwards) gathered in groups from the secondary copy
 @example(drawn=pinned(TINY_UNITS, stage=3, world=4, grad_accum=3, hpz=2))
 @example(drawn=pinned(TINY_UNITS, stage=3, world=4, hpz=2, overlap=OVERLAP_DEEP))

@@ -178,6 +178,11 @@ class ZeroConfig:
     quantize_block  elements per quantization block; with quantized_weights each unit
                   is padded to a multiple of world size * quantize_block, so blocks never
                   straddle two ranks' slices and results do not depend on the world size.
+    quantized_gradients  stages 1-3 (ZeRO++'s qgZ, zero_quantized_gradients): each gradient
+                  bucket's reduce-scatter sends every destination block as int8 with one
+                  float32 scale per block of at most quantize_block elements (a unit's own
+                  grid, zero_ref/layout/grad_blocks.py) through an Alltoall; each rank
+                  dequantizes, sums in rank order in float32 and rounds once.
     hpz_partition_size  stage 3 (ZeRO++'s hpZ, zero_hpz_partition_size): 1 is off; an
                   integer G > 1 (dividing the world size, checked by the engine) keeps a
                   secondary copy of the parameters sharded over each group of G
@@ -213,6 +218,7 @@ class ZeroConfig:
     persistence_numel: int = 0
     quantized_weights: bool = False
     quantize_block: int = 2048
+    quantized_gradients: bool = False
     hpz_partition_size: int | str = 1
 
     def __post_init__(self) -> None:
@@ -265,6 +271,29 @@ class ZeroConfig:
         self._check_overlap()
         self._check_zeropp()
         self._check_hpz()
+        self._check_qgz()
+
+    def _check_qgz(self) -> None:
+        _require(
+            isinstance(self.quantized_gradients, bool),
+            "quantized_gradients",
+            self.quantized_gradients,
+            "True or False",
+        )
+        if not self.quantized_gradients:
+            return
+        _require(
+            self.stage in (1, 2, 3),
+            "quantized_gradients",
+            self.quantized_gradients,
+            "False at stage 0 (qgZ quantizes the gradient buckets' reduce-scatter of stages 1-3)",
+        )
+        _require(
+            self.device == "cpu",
+            "quantized_gradients",
+            self.quantized_gradients,
+            "False with device 'gpu' (qgZ is built on the CPU path only)",
+        )
 
     def _check_zeropp(self) -> None:
         _require(

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from zero_ref.dtypes import FP32, ElementBytes
 from zero_ref.layout.buckets import bucket_columns
+from zero_ref.layout.grad_blocks import plan_blocks
 from zero_ref.quantize import SCALE_BYTES
 
 CATEGORIES = ("params", "grads", "optimizer", "buffers")  # the memory ledger's
@@ -150,6 +151,7 @@ class OverlapBuffers:
     plan: PrefetchPlan = PrefetchPlan()
     quantize_block: int | None = None
     hpz_group: int | None = None
+    gradient_block: int | None = None  # qgZ: each lane's quantized send and receive bytes
 
 
 def hpz_group_of(cfg, world_size: int, ranks_per_host: int | None = None) -> int | None:
@@ -175,7 +177,8 @@ def overlap_buffers(
         cfg.persistence_numel,
     )  # fmt: skip
     block = cfg.quantize_block if getattr(cfg, "quantized_weights", False) else None
-    return OverlapBuffers(2 if cfg.overlap_comm else 1, plan, block, hpz_group)
+    grad_block = cfg.quantize_block if getattr(cfg, "quantized_gradients", False) else None
+    return OverlapBuffers(2 if cfg.overlap_comm else 1, plan, block, hpz_group, grad_block)
 
 
 def buffer_bytes(
@@ -212,6 +215,10 @@ def buffer_bytes(
             held[f"bucket_staging (lane {lane})"] = sizes.comm * world_size * columns
         for lane in range(overlap.lanes if overlap.lanes > 1 else 0):
             held[f"bucket_recv (lane {lane})"] = sizes.grad * columns
+        if overlap.gradient_block is not None:
+            held |= quantized_reduce_bytes(
+                unit_numels, world_size, bucket_numel, overlap.gradient_block, overlap.lanes
+            )
     elif sizes.comm != sizes.grad:
         chunk = world_size * bucket_columns(bucket_numel, world_size)
         held["wire_chunk"] = sizes.comm * min(chunk, total_numel)
@@ -233,6 +240,21 @@ def buffer_bytes(
             )
         if overlap.hpz_group is not None:  # hpZ's secondary copy: 1/G of every unit
             held["hpZ secondary"] = sizes.param * (total_numel // overlap.hpz_group)
+    return held
+
+
+def quantized_reduce_bytes(
+    unit_numels: Sequence[int], world_size: int, bucket_numel: int, block: int, lanes: int
+) -> dict[str, int]:
+    """qgZ's buffers (zero_ref/engine/grad_buckets.py): per staging lane a send and a
+    receive of W rows of the widest bucket's payload (its int8 values, 4 bytes a block)."""
+    plan = plan_blocks(unit_numels, world_size, bucket_numel, block)
+    row = max((n + SCALE_BYTES * b for n, b in plan), default=0)
+    held = {}
+    for lane in range(lanes):
+        suffix = f" (lane {lane})" if lane else ""
+        held[f"qgz_send{suffix}"] = world_size * row
+        held[f"qgz_recv{suffix}"] = world_size * row
     return held
 
 

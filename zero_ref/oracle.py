@@ -31,6 +31,13 @@ order, not taken from loss_and_grads. With hpZ too (`backward_reads_forward`) ba
 and its recompute read the dequantized ones as well: the secondary copy backward gathers
 from is filled from forward's gather (zero_ref/engine/secondary_copy.py).
 
+With qgZ (ZeRO++'s quantized gradients, `gradient_blocks`) each g[j][r], after those
+roundings, is laid out as the engine's buckets see it (the layout at W ranks, each
+unit a (W, shard_numel) matrix whose row d goes to rank d, the bucket plan of
+zero_ref/layout/buckets.py) and every destination row of every bucket is quantized
+and dequantized in the blocks of zero_ref/layout/grad_blocks.py, before the rank-order
+sum: s_j = q(g[j][0]) + q(g[j][1]) + ... in float32, rounded once.
+
 The deterministic engine reproduces this bit for bit at every stage and world
 size; the fast engine agrees within the tolerance in docs/determinism.md.
 """
@@ -46,15 +53,36 @@ import numpy as np
 
 from zero_ref.config import AdamWConfig, ZeroConfig
 from zero_ref.dtypes import dtype_of, rounded
+from zero_ref.layout.buckets import plan_buckets
+from zero_ref.layout.flat import build_layout, layout_align, rank_rows
+from zero_ref.layout.grad_blocks import bucket_block_starts
 from zero_ref.models.unit import Model, loss_and_grads, unit_params_view
 from zero_ref.optim.adamw import AdamWScalars, adamw_reference, adamw_scalars, with_lr
 from zero_ref.optim.gradnorm import clip_coefficient, sumsq_exact_reference
 from zero_ref.optim.loss_scale import LossScaleConfig, initial_state, next_state
 from zero_ref.optim.nonfinite import NonFiniteGradientError
-from zero_ref.quantize import quantized_copy
+from zero_ref.quantize import quantized_copy, quantized_rows
 from zero_ref.rank_order import sum_in_rank_order
 
 NamedArrays = Mapping[str, np.ndarray]
+UnitSpecs = Sequence[tuple[str, Sequence[tuple[str, tuple[int, ...]]]]]
+
+
+@dataclass(frozen=True)
+class GradientBlocks:
+    """What qgZ's blocks depend on: the model's units (names and shapes, in forward order,
+    as zero_ref/layout/flat.py's model_layout lists them), the layout's alignment, the
+    bucket size and the block size."""
+
+    units: UnitSpecs
+    align: int
+    bucket_numel: int
+    block: int
+
+    @classmethod
+    def for_model(cls, model: Model, cfg: ZeroConfig) -> GradientBlocks:
+        units = [(u.name, [(s.name, tuple(s.shape)) for s in u.param_specs()]) for u in model.units]
+        return cls(units, layout_align(cfg), cfg.bucket_numel, cfg.quantize_block)
 
 
 @dataclass(frozen=True)
@@ -89,6 +117,7 @@ class Oracle:
         nonfinite: str = "raise",
         quantize_block: int | None = None,
         checkpoint_activations: bool = False,
+        gradient_blocks: GradientBlocks | None = None,
         backward_reads_forward: bool = False,
     ) -> None:
         self.names = list(init_params)
@@ -106,6 +135,7 @@ class Oracle:
         self.nonfinite = nonfinite
         self.quantize_block = quantize_block  # qwZ's block (None: forward reads full weights)
         self.recompute = checkpoint_activations  # with qwZ: the recompute reads full weights
+        self.gradient_blocks = gradient_blocks  # qgZ's (None: gradients summed as they are)
         # hpZ with qwZ: backward reads forward's dequantized weights (the secondary copy)
         self.backward_reads_forward = backward_reads_forward
         self.step_count = 0
@@ -114,8 +144,12 @@ class Oracle:
         self.last_detail: StepDetail | None = None
 
     @classmethod
-    def for_config(cls, init_params: NamedArrays, cfg: ZeroConfig) -> Oracle:
-        """The oracle of an engine configured by `cfg` (its optimizer, clipping, precision)."""
+    def for_config(cls, init_params: NamedArrays, cfg: ZeroConfig, model: Model | None = None):
+        """The oracle of an engine configured by `cfg` (its optimizer, clipping, precision);
+        with quantized_gradients the model too (qgZ's blocks follow its units)."""
+        if cfg.quantized_gradients and model is None:
+            raise ValueError("quantized_gradients: the oracle needs the model (its units)")
+        blocks = GradientBlocks.for_model(model, cfg) if cfg.quantized_gradients else None
         return cls(
             init_params,
             cfg.optimizer,
@@ -127,6 +161,7 @@ class Oracle:
             cfg.nonfinite,
             cfg.quantize_block if cfg.quantized_weights else None,
             cfg.checkpoint_activations,
+            blocks,
             cfg.quantized_weights and cfg.hpz_partition_size != 1,
         )
 
@@ -210,6 +245,8 @@ class Oracle:
         for j, per_rank in enumerate(grads):
             rows = np.stack([self._flatten(g) for g in per_rank])  # (W, numel)
             rows = rounded(rounded(rows, self.grad_dtype), self.comm_dtype)  # stored, sent
+            if self.gradient_blocks is not None:
+                rows = self._through_int8(rows)  # qgZ: what each destination receives
             s_j = rounded(sum_in_rank_order(rows, np.empty_like(self.params)), self.grad_dtype)
             abs_sum += np.abs(rows).sum(axis=0)
             if j == 0:
@@ -232,6 +269,44 @@ class Oracle:
         adamw_reference(self.params, g, self.exp_avg, self.exp_avg_sq, s)
         self.last_detail = StepDetail(abs_sum / (world * k), g, float(coef), s, world, k)
         return self.parameters()
+
+    def _through_int8(self, rows: np.ndarray) -> np.ndarray:
+        """Each rank's row (W, numel) as qgZ's destinations dequantize it: laid into the
+        engine's buckets at W ranks, quantized per destination row in its blocks."""
+        gb, world = self.gradient_blocks, rows.shape[0]
+        layout = build_layout(gb.units, world, gb.align)
+        where = self._full_index(layout)  # oracle element -> its padded full index
+        out = np.empty_like(rows)
+        for r in range(world):
+            full = np.zeros(layout.full_numel, np.float32)
+            full[where] = rows[r]
+            matrix = np.concatenate(
+                [rank_rows(full[u.full_slice()], u) for u in layout.units], axis=1
+            )  # (W, shard_numel): row d goes to rank d
+            for bucket in _bucket_plan(layout, gb.bucket_numel):
+                cols = slice(bucket.shard_offset, bucket.shard_offset + bucket.shard_numel)
+                starts = bucket_block_starts(layout, bucket, gb.block)
+                matrix[:, cols] = quantized_rows(matrix[:, cols], starts)
+            offset = 0
+            for u in layout.units:
+                full[u.full_offset : u.full_offset + u.padded_numel] = matrix[
+                    :, offset : offset + u.shard_numel
+                ].reshape(-1)
+                offset += u.shard_numel
+            out[r] = full[where]
+        return out
+
+    def _full_index(self, layout) -> np.ndarray:
+        """For each element of the oracle's flat order, its index in the layout's full buffer."""
+        at = {}
+        for u in layout.units:
+            for slot in u.slots:
+                at[f"{u.name}.{slot.name}"] = u.full_offset + slot.offset
+        parts = [
+            at[k] + np.arange(n, dtype=np.int64)
+            for k, n in zip(self.names, self.sizes, strict=True)
+        ]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
     def _skip(self, acc: np.ndarray) -> bool:
         """A NaN/Inf in the summed gradient: skip (fp16, or the "skip" policy) or raise."""
@@ -302,3 +377,14 @@ class Oracle:
             dout = unit.backward(full, cache, dout, unit_grads)
             grads.update({f"{unit.name}.{k}": v for k, v in unit_grads.items()})
         return loss, grads
+
+
+def _bucket_plan(layout, bucket_numel: int):
+    """The engine's bucket plan of a layout (zero_ref/engine/grad_buckets.py's bucket_plan)."""
+    units = layout.units
+    return plan_buckets(
+        [u.shard_numel for u in units],
+        [u.shard_offset for u in units],
+        bucket_numel,
+        layout.world_size,
+    )

@@ -139,3 +139,124 @@ def quantized_copy(x: np.ndarray, block: int, what: str = "values") -> np.ndarra
     quantize(padded, block, q, scales, what)
     dequantize(q, scales, block, padded)
     return padded[:n]
+
+
+# ---- qgZ: gradient blocks of uneven length (ZeRO++ Sec. 3.3, the quantized reduce-scatter)
+#
+# A bucket's destination row is cut into blocks at `starts` (zero_ref/layout/grad_blocks.py:
+# a unit's own grid of `block` elements, clipped to the bucket), so blocks can be shorter
+# than `block`. The rule is qwZ's, with one difference: a gradient block holding a NaN or
+# Inf (an fp16 overflow of the loss-scaled gradients) is not refused but sent with a NaN
+# scale and q = 0, so it dequantizes to NaNs on its destination rank, whose sum is then
+# non-finite: the overflow is seen there, and the step skipped on every rank (the engine's
+# non-finite check is a collective), as fp16's loss scaler demands.
+
+
+def segment_payload_bytes(numel: int, blocks: int) -> int:
+    """Bytes of a destination row of numel elements in `blocks` blocks: int8s, then scales."""
+    return numel + SCALE_BYTES * blocks
+
+
+def quantize_segments_reference(
+    x: np.ndarray, starts: np.ndarray, q: np.ndarray, scales: np.ndarray
+) -> None:
+    """q (n,) int8, scales (len(starts),) float32 <- x (n,) float32 cut at `starts` (int64,
+    starts[0] = 0, increasing, each < n); a block with a NaN/Inf gets scale NaN, q 0."""
+    if x.size == 0:
+        return
+    amax = np.maximum.reduceat(np.abs(x), starts)  # a NaN propagates, an Inf is Inf
+    with np.errstate(over="ignore", invalid="ignore"):
+        scale = np.divide(amax, np.float32(QMAX), dtype=np.float32)
+    bad = ~np.isfinite(scale)
+    lengths = np.diff(np.append(starts, x.size))
+    per = np.repeat(scale, lengths)  # each element's block scale
+    zero = np.repeat((scale == 0) | bad, lengths)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.divide(x, np.where(zero, np.float32(1), per), dtype=np.float32)
+    q[...] = np.where(zero, np.float32(0), np.clip(np.rint(ratio), -QMAX, QMAX)).astype(np.int8)
+    scales[...] = np.where(bad, np.float32(np.nan), scale)
+
+
+def dequantize_segments_reference(
+    q: np.ndarray, scales: np.ndarray, starts: np.ndarray, out: np.ndarray
+) -> None:
+    """out (n,) float32 <- float32(q) * its block's scale (NaN scale: NaN)."""
+    if q.size == 0:
+        return
+    per = np.repeat(scales, np.diff(np.append(starts, q.size)))
+    out[...] = np.multiply(q.astype(np.float32), per, dtype=np.float32)
+
+
+@numba.njit(cache=True, nogil=True)
+def quantize_segments_kernel(x, starts, q, scales):  # pragma: no cover - compiled
+    n = x.size
+    for b in range(starts.size):
+        lo = starts[b]
+        hi = starts[b + 1] if b + 1 < starts.size else n
+        amax = np.float32(0)
+        finite = True
+        for k in range(lo, hi):
+            a = np.float32(abs(x[k]))
+            if not np.isfinite(a):
+                finite = False
+            elif a > amax:
+                amax = a
+        scale = np.float32(amax / np.float32(QMAX))
+        if not finite or not np.isfinite(scale):
+            scales[b] = np.float32(np.nan)
+            for k in range(lo, hi):
+                q[k] = 0
+            continue
+        scales[b] = scale
+        for k in range(lo, hi):
+            if scale == 0:
+                q[k] = 0
+            else:
+                r = np.rint(np.float32(x[k] / scale))
+                q[k] = np.int8(min(max(r, -QMAX), QMAX))
+
+
+@numba.njit(cache=True, nogil=True)
+def dequantize_segments_kernel(q, scales, starts, out):  # pragma: no cover - compiled
+    n = q.size
+    for b in range(starts.size):
+        lo = starts[b]
+        hi = starts[b + 1] if b + 1 < starts.size else n
+        scale = scales[b]
+        for k in range(lo, hi):
+            out[k] = np.float32(np.float32(q[k]) * scale)
+
+
+def pack_rows(rows: np.ndarray, starts: np.ndarray, send: np.ndarray) -> None:
+    """send (W, P) uint8 <- each float32 row of rows (W, n) quantized in blocks at `starts`:
+    row d is what goes to rank d, its n int8 values then its float32 scales (P bytes)."""
+    n = rows.shape[1]
+    for d in range(rows.shape[0]):
+        q = send[d, :n].view(np.int8)
+        scales = send[d, n:].view(np.float32)
+        quantize_segments_kernel(rows[d], starts, q, scales)
+
+
+def unpack_sum(recv: np.ndarray, starts: np.ndarray, total: np.ndarray, row: np.ndarray) -> None:
+    """total (n,) float32 <- the rows of recv (W, P) uint8 dequantized (row: a float32
+    scratch of n) and added in rank order, left to right, in float32."""
+    n = total.size
+    for r in range(recv.shape[0]):
+        out = total if r == 0 else row
+        dequantize_segments_kernel(recv[r, :n].view(np.int8), recv[r, n:].view(np.float32),
+                                   starts, out)  # fmt: skip
+        if r:
+            with np.errstate(invalid="ignore"):  # Inf + -Inf: NaN, the overflow's signal
+                total += row
+
+
+def quantized_rows(rows: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Each float32 row of rows (R, n) quantized and dequantized in blocks at `starts`:
+    what its destination rank sums (the oracle's view of the wire). A new array."""
+    out = np.empty(rows.shape, np.float32)
+    q = np.empty(rows.shape[1], np.int8)
+    scales = np.empty(starts.size, np.float32)
+    for d in range(rows.shape[0]):
+        quantize_segments_kernel(np.ascontiguousarray(rows[d], np.float32), starts, q, scales)
+        dequantize_segments_kernel(q, scales, starts, out[d])
+    return out

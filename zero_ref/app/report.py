@@ -96,22 +96,24 @@ def comm_table(
     k: int,
     sizes: ElementBytes = FP32,
     gathers: list[int] | None = None,
+    grad_blocks: int | None = None,
 ) -> str:
     """Bytes each rank sent in the last step, by collective, beside the paper's volume
     and zero_ref's own schedule. unit_numels: the padded unit sizes, forward order;
     gathers: stage 3's gathers of each unit per step, where its plan holds more than
-    one unit (None: the one-buffer schedule's)."""
+    one unit (None: the one-buffer schedule's); grad_blocks: qgZ's blocks (None: no qgZ)."""
     kinds = sorted({k for r in reports for k in r["comm_last_step"]} - set(COPY_KINDS))
+    w = max([16, *(len(kind) + 2 for kind in kinds)])  # reduce_scatter_int8 is wider
     lines = [
         "communication in the last step, bytes sent per rank "
         "(modelled: each call's buffer counts, priced as a ring algorithm moves them)",
-        "rank " + "".join(f"{kind:>16}" for kind in kinds) + f"{'total':>16}",
+        "rank " + "".join(f"{kind:>{w}}" for kind in kinds) + f"{'total':>{w}}",
     ]
     for r in reports:
         step = r["comm_last_step"]
-        cells = "".join(f"{int(step.get(kind, {}).get('sent_bytes', 0)):>16,}" for kind in kinds)
-        lines.append(f"{r['rank']:>4} {cells}{CommLedger.step_sent_bytes(step):>16,}")
-    lines += _volume_lines(stage, unit_numels, world, k, sizes, gathers)
+        cells = "".join(f"{int(step.get(kind, {}).get('sent_bytes', 0)):>{w},}" for kind in kinds)
+        lines.append(f"{r['rank']:>4} {cells}{CommLedger.step_sent_bytes(step):>{w},}")
+    lines += _volume_lines(stage, unit_numels, world, k, sizes, gathers, grad_blocks)
     for r in reports:
         down, up, grads, params = (
             CommLedger.step_copied_bytes(r["comm_last_step"], kind) for kind in COPY_KINDS
@@ -136,12 +138,15 @@ def _volume_lines(
     k: int,
     sizes: ElementBytes,
     gathers: list[int] | None = None,
+    grad_blocks: int | None = None,
 ) -> list[str]:
     """The paper's Sec. 7 volume (one micro-step, in the parameters' bytes), and what
     zero_ref's schedule sends: k micro-steps, at stage 3 no gather of a unit the buffer
     already holds, gradients in the wire's dtype."""
     paper = paper_sent_bytes(stage, sum(unit_numels), world, 1, sizes.param)
-    expected = expected_sent_bytes(stage, unit_numels, world, k, sizes, gathers=gathers)
+    expected = expected_sent_bytes(
+        stage, unit_numels, world, k, sizes, gathers=gathers, grad_blocks=grad_blocks
+    )
     lines = [f"paper (Sec. 7), params + grads, one micro-step: {paper:,} bytes per rank"]
     if expected != paper:
         why = []
@@ -160,7 +165,9 @@ def _volume_lines(
         elif stage == 3:
             held = "the units in the buffers" if gathers else "the unit in the buffer"
             why.append(f"no re-gather of {held}")
-        if sizes.comm != sizes.param or (stage == 0 and sizes.grad != sizes.param):
+        if grad_blocks is not None:
+            why.append(f"qgZ: gradients in int8 + a float32 scale for each of {grad_blocks} blocks")
+        elif sizes.comm != sizes.param or (stage == 0 and sizes.grad != sizes.param):
             why.append(f"{sizes.comm}-byte gradients on the wire")
         lines.append(f"this schedule ({', '.join(why)}): {expected:,} bytes per rank per step")
     return lines

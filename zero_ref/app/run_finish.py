@@ -25,6 +25,7 @@ from zero_ref.io.metrics_log import JsonlLog
 from zero_ref.io.tensor_io import SafetensorsWriter
 from zero_ref.io.trace import Trace, write_trace
 from zero_ref.layout.flat import tensor_views
+from zero_ref.layout.grad_blocks import plan_blocks
 from zero_ref.memory_formulas import formula_bytes
 
 
@@ -78,7 +79,16 @@ def report_tables(parsed: Parsed, engine, reports: list[dict]) -> str:
         [
             memory_table(reports, zero.stage, numel, world, k, sizes, zero.precision),
             rss_table(reports),
-            comm_table(reports, zero.stage, unit_numels, world, k, sizes, engine.gathers()),
+            comm_table(
+                reports,
+                zero.stage,
+                unit_numels,
+                world,
+                k,
+                sizes,
+                engine.gathers(),
+                _qgz_blocks(zero, unit_numels, world),
+            ),  # fmt: skip
         ]
     )
 
@@ -104,7 +114,13 @@ def final_record(
         "unit_padded_numels": unit_numels,
         "paper_sent_bytes": paper_sent_bytes(zero.stage, numel, world, 1, sizes.param),
         "expected_sent_bytes": expected_sent_bytes(
-            zero.stage, unit_numels, world, k, sizes, gathers=_qwz_gathers(engine)
+            zero.stage,
+            unit_numels,
+            world,
+            k,
+            sizes,
+            gathers=_qwz_gathers(engine),
+            grad_blocks=_qgz_blocks(zero, unit_numels, world),
         ),
         "skipped_steps": skipped,
         "loss_scale": engine.loss_scale(),
@@ -144,6 +160,14 @@ def sample_text(engine, task: Task, run) -> str | None:
 
     text = task.sample(forward, run.sample_chars, run.seed)
     return text if engine.rank == 0 else None
+
+
+def _qgz_blocks(zero, unit_numels, world: int) -> int | None:
+    """With qgZ: the quantization blocks of a destination row over the bucket plan."""
+    if not zero.quantized_gradients:
+        return None
+    plan = plan_blocks(unit_numels, world, zero.bucket_numel, zero.quantize_block)
+    return sum(blocks for _, blocks in plan)
 
 
 def _qwz_gathers(engine):

@@ -86,6 +86,11 @@ ENGINE = (
             "two ranks and results do not depend on the world size (DeepSpeed has no key: "
             "its CUDAQuantizer picks groups near 8000 elements of each rank's partition)",
             int, minimum=1, cli_range=False, feeds=Z + "quantize_block"),
+    Setting("quantized_gradients", "engine", "stages 1-3, ZeRO++'s qgZ: each gradient "
+            "bucket's reduce-scatter as int8 blocks (one float32 scale per --quantize-block "
+            "elements at most) through an Alltoall, dequantized and summed in rank order in "
+            "float32 (docs/zeropp.md)",
+            bool, ds=(ZO + "zero_quantized_gradients",), feeds=Z + "quantized_gradients"),
     Setting("hpz_partition_size", "engine", "stage 3, ZeRO++'s hpZ: a secondary copy of the "
             "parameters sharded over groups of this many consecutive ranks ('host': the "
             "ranks sharing a host, MPI's shared-memory split), filled from each unit's "

@@ -37,9 +37,15 @@ from mpi4py import MPI
 
 from zero_ref.comm import schedule
 from zero_ref.comm.ledger import CommLedger
-from zero_ref.comm.nonblocking import NonBlockingCollectives, check_bytes
+from zero_ref.comm.nonblocking import NonBlockingCollectives, check_bytes, check_quantized
 from zero_ref.comm.progress import Progress, progress_for
-from zero_ref.comm.reduction import MPIReduction, OrderedReduction, sum_16bit_words, words_of
+from zero_ref.comm.reduction import (
+    MPIReduction,
+    OrderedReduction,
+    sum_16bit_words,
+    sum_quantized,
+    words_of,
+)
 from zero_ref.dtypes import HOST, HostArrays
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")  # what collectives accept
@@ -137,6 +143,20 @@ class Comm(NonBlockingCollectives):
         else:
             fn = lambda: self.reduction.reduce_scatter(self.mpi, send, recv, self.arrays)  # noqa: E731
         self._timed("reduce_scatter", recv.size, 1, fn, send.dtype.itemsize)
+
+    def reduce_scatter_quantized(
+        self, send: np.ndarray, recv: np.ndarray, starts: np.ndarray, wire: tuple
+    ) -> None:
+        """recv (n,) = sum over ranks of their send block for this rank, through int8 (ZeRO++'s
+        qgZ): send (W*n,) float32 or 16-bit, quantized in the blocks at `starts`
+        (zero_ref/layout/grad_blocks.py); wire = (send bytes, received bytes), two (W, P)
+        uint8 buffers, P = n + 4 * len(starts). The ledger counts the bytes moved."""
+        self._check(send, recv, same_dtype=False)
+        check_quantized(send, recv, starts, wire, self.size)
+        self.arrays.sync()
+        self._agree("reduce_scatter_int8", recv.size, f"blocks {len(starts)}")
+        fn = lambda: sum_quantized(self.mpi, send, recv, starts, *wire, self.arrays)  # noqa: E731
+        self._timed("reduce_scatter_int8", wire[0].shape[1], 1, fn, 1)
 
     def _reduce_scatter_rounded(self, send: np.ndarray, recv: np.ndarray) -> None:
         """A float32 sum by the policy, rounded once into the 16-bit recv."""

@@ -25,7 +25,7 @@ import numpy as np
 from mpi4py import MPI
 
 from zero_ref.comm.in_flight import InFlight
-from zero_ref.comm.reduction import isum_16bit_words, words_of
+from zero_ref.comm.reduction import isum_16bit_words, isum_quantized, words_of
 from zero_ref.dtypes import DTYPES
 
 
@@ -39,6 +39,19 @@ def check_bytes(send: np.ndarray, recv: np.ndarray, world: int) -> None:
             )
     if send.size * world != recv.size:
         raise ValueError(f"block of {send.size} bytes x {world} ranks != {recv.size}")
+
+
+def check_quantized(send, recv, starts: np.ndarray, wire: tuple, world: int) -> None:
+    """A quantized reduce-scatter's byte buffers: two contiguous (W, n + 4 blocks) uint8."""
+    shape = (world, recv.size + 4 * len(starts))
+    for buf in wire:
+        if buf.dtype != np.uint8 or not buf.flags.c_contiguous or buf.shape != shape:
+            raise ValueError(
+                f"a quantized reduce-scatter needs contiguous uint8 buffers of shape {shape}; "
+                f"got {buf.dtype} {buf.shape}"
+            )
+    if recv.size and (len(starts) == 0 or starts[0] != 0 or starts[-1] >= recv.size):
+        raise ValueError(f"block starts must begin at 0 and lie in [0, {recv.size})")
 
 
 class NonBlockingCollectives:
@@ -61,6 +74,20 @@ class NonBlockingCollectives:
             )
         itemsize = send.dtype.itemsize
         return self._issued("reduce_scatter", recv.size, itemsize, request, finish, keep, t0)
+
+    def ireduce_scatter_quantized(
+        self, send: np.ndarray, recv: np.ndarray, starts: np.ndarray, wire: tuple, lane: str = ""
+    ) -> InFlight:
+        """reduce_scatter_quantized, issued: quantized and its Alltoall issued now, the
+        received blocks dequantized and added in rank order when they are in."""
+        t0 = time.perf_counter()
+        self._check(send, recv, same_dtype=False)
+        check_quantized(send, recv, starts, wire, self.size)
+        self.arrays.sync()
+        self._agree("reduce_scatter_int8", recv.size, f"blocks {len(starts)}")
+        request, finish, keep = isum_quantized(self.mpi, send, recv, starts, *wire, self.arrays)
+        row_bytes = wire[0].shape[1]
+        return self._issued("reduce_scatter_int8", row_bytes, 1, request, finish, keep, t0)
 
     def _ireduce_scatter_rounded(self, send: np.ndarray, recv: np.ndarray):
         """A float32 sum by the policy into a temporary, rounded once into recv after."""

@@ -66,6 +66,11 @@ class BlockingSchedule:
         self.comm.reduce_scatter_sum(staging, out)
         return Pending("reduce_scatter")
 
+    def reduce_bucket_quantized(self, staging, out, starts, wire, lane: int = 0) -> Pending:
+        """Stages 1-3 with qgZ: reduce_bucket through int8 blocks (the Comm's quantized one)."""
+        self.comm.reduce_scatter_quantized(staging, out, starts, wire)
+        return Pending("reduce_scatter_int8")
+
     def gather_unit(self, shard: np.ndarray, out: np.ndarray, lane: int = 0) -> Pending:
         """Stage 3: out <- a unit's full parameters from every rank's shard of it."""
         self.comm.allgather(shard, out)
@@ -116,6 +121,9 @@ class OverlappingSchedule(BlockingSchedule):
 
     def reduce_bucket(self, staging: np.ndarray, out: np.ndarray, lane: int = 0) -> InFlight:
         return self.comm.ireduce_scatter_sum(staging, out, f"bucket {lane}")
+
+    def reduce_bucket_quantized(self, staging, out, starts, wire, lane: int = 0) -> InFlight:
+        return self.comm.ireduce_scatter_quantized(staging, out, starts, wire, f"bucket {lane}")
 
     def gather_unit(self, shard: np.ndarray, out: np.ndarray, lane: int = 0) -> InFlight:
         return self.comm.iallgather(shard, out, lane=f"gather {lane}")

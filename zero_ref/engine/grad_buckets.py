@@ -24,6 +24,12 @@ staging buffer refilled while its reduce was in flight: here an assertion, and
 tests/test_overlap.py checks the order of events). Each lane's sum lands in the
 lane's own receive buffer and is moved to its landing when it is retired, oldest
 first: the landings see the buckets one at a time, in the order blocking gives.
+
+With qgZ (ZeRO++'s quantized gradients, `quantize_block`) a bucket goes to the Comm's
+quantized reduce-scatter instead: each destination row cut into the blocks of
+zero_ref/layout/grad_blocks.py, quantized to int8 into the lane's send bytes, moved by
+an Alltoall into its receive bytes, dequantized and summed in rank order (one pair of
+byte buffers per lane, in the memory ledger as qgz_send / qgz_recv).
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ from zero_ref.engine.collective_schedule import BlockingSchedule
 from zero_ref.engine.placement import HostPlacement
 from zero_ref.layout.buckets import Bucket, BucketPlan, plan_buckets
 from zero_ref.layout.flat import FlatLayout, rank_rows
+from zero_ref.layout.grad_blocks import bucket_block_starts
+from zero_ref.quantize import segment_payload_bytes
 
 
 class GradientBuckets:
@@ -52,6 +60,7 @@ class GradientBuckets:
         place: HostPlacement,
         wire_dtype: np.dtype,
         landing,
+        quantize_block: int | None = None,
     ) -> None:
         self.layout, self.plan, self.schedule, self.place = layout, plan, schedule, place
         self.landing = landing
@@ -61,7 +70,10 @@ class GradientBuckets:
             f"bucket_staging (lane {k})" for k in range(1, schedule.lanes)
         ]
         self.staging = [place.zeros("buffers", n, self.world * widest, wire_dtype) for n in names]
-        self.flow = flow_for(schedule, landing, place, widest, landing.dtype)  # the gradient's
+        self.block = quantize_block  # qgZ's block (None: the plain reduce-scatter)
+        self.wire = self._wire_buffers(place, schedule.lanes) if quantize_block else None
+        reduce = self._reduce_quantized if quantize_block else self._reduce
+        self.flow = flow_for(schedule, landing, place, widest, landing.dtype, reduce)
         self.lane_of: dict[int, int] = {}  # bucket -> the lane it is packed in, until issued
         self.next_lane = 0
 
@@ -98,6 +110,31 @@ class GradientBuckets:
             self.flow.free(self.lane_of[k])
         return self.lane_of[k]
 
+    def _wire_buffers(self, place: HostPlacement, lanes: int) -> list[tuple]:
+        """Per lane, qgZ's send and receive bytes: W rows of the widest bucket's payload."""
+        row = max(
+            (segment_payload_bytes(b.shard_numel, len(self._starts(b))) for b in self.plan),
+            default=0,
+        )
+        suffix = [""] + [f" (lane {k})" for k in range(1, lanes)]
+        return [
+            tuple(place.zeros("buffers", f"qgz_{w}{s}", self.world * row, np.uint8)
+                  for w in ("send", "recv"))
+            for s in suffix
+        ]  # fmt: skip
+
+    def _starts(self, bucket: Bucket) -> np.ndarray:
+        return bucket_block_starts(self.layout, bucket, self.block)
+
+    def _reduce(self, bucket: Bucket, staging: np.ndarray, out: np.ndarray, lane: int):
+        return self.schedule.reduce_bucket(staging, out, lane)
+
+    def _reduce_quantized(self, bucket: Bucket, staging: np.ndarray, out: np.ndarray, lane: int):
+        starts = self._starts(bucket)
+        row = segment_payload_bytes(bucket.shard_numel, len(starts))
+        wire = tuple(b[: self.world * row].reshape(self.world, row) for b in self.wire[lane])
+        return self.schedule.reduce_bucket_quantized(staging, out, starts, wire, lane)
+
     def _staging(self, bucket: Bucket, lane: int) -> np.ndarray:
         """The (W, columns) staging matrix of `bucket` in `lane` (row r goes to rank r):
         never one whose reduction is still in flight."""
@@ -108,12 +145,12 @@ class GradientBuckets:
 class BlockingFlow:
     """Each bucket reduced straight into its landing and waited for at once."""
 
-    def __init__(self, schedule: BlockingSchedule, landing) -> None:
-        self.schedule, self.landing = schedule, landing
+    def __init__(self, schedule: BlockingSchedule, landing, reduce) -> None:
+        self.schedule, self.landing, self.reduce = schedule, landing, reduce
 
     def issue(self, bucket: Bucket, staging: np.ndarray, micro: int, lane: int) -> None:
         out = self.landing.landing(bucket, micro)
-        self.schedule.wait(self.schedule.reduce_bucket(staging, out, lane))
+        self.schedule.wait(self.reduce(bucket, staging, out, lane))
         self.landing.landed(bucket, out, micro)
 
     def free(self, lane: int) -> None:
@@ -130,8 +167,8 @@ class OverlappedFlow:
     """Reductions in flight, one per lane, each into its lane's receive buffer; retired
     oldest first into the landing (the landings' order is blocking's)."""
 
-    def __init__(self, schedule: BlockingSchedule, landing, place, widest: int, dtype) -> None:
-        self.schedule, self.landing, self.place = schedule, landing, place
+    def __init__(self, schedule: BlockingSchedule, landing, place, widest: int, dtype, reduce):
+        self.schedule, self.landing, self.place, self.reduce = schedule, landing, place, reduce
         self.recv = [
             place.zeros("buffers", f"bucket_recv (lane {k})", widest, dtype)
             for k in range(schedule.lanes)
@@ -140,7 +177,7 @@ class OverlappedFlow:
 
     def issue(self, bucket: Bucket, staging: np.ndarray, micro: int, lane: int) -> None:
         out = self.recv[lane][: bucket.shard_numel]
-        self.queue.append((lane, bucket, self.schedule.reduce_bucket(staging, out, lane), micro))
+        self.queue.append((lane, bucket, self.reduce(bucket, staging, out, lane), micro))
 
     def busy(self, lane: int) -> bool:
         return any(queued[0] == lane for queued in self.queue)
@@ -162,11 +199,12 @@ class OverlappedFlow:
         self.landing.landed(bucket, out, micro)
 
 
-def flow_for(schedule: BlockingSchedule, landing, place, widest: int, dtype):
-    """The flow the schedule's lanes ask for: one lane blocks, more overlap."""
+def flow_for(schedule: BlockingSchedule, landing, place, widest: int, dtype, reduce):
+    """The flow the schedule's lanes ask for: one lane blocks, more overlap. reduce(bucket,
+    staging, out, lane) issues a bucket's reduce-scatter (plain or quantized)."""
     if schedule.lanes == 1:
-        return BlockingFlow(schedule, landing)
-    return OverlappedFlow(schedule, landing, place, widest, dtype)
+        return BlockingFlow(schedule, landing, reduce)
+    return OverlappedFlow(schedule, landing, place, widest, dtype, reduce)
 
 
 def bucket_plan(layout: FlatLayout, bucket_numel: int) -> BucketPlan:

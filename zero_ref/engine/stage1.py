@@ -75,8 +75,9 @@ class Stage1OptimizerSharded(Stage0DataParallel):
 
     def _make_buckets(self, plan, landing) -> None:
         self._init_updated_gathers()
+        qgz = self.cfg.quantize_block if self.cfg.quantized_gradients else None
         self.buckets = GradientBuckets(
-            self.layout, plan, self.schedule, self.place, self.precision.comm, landing
+            self.layout, plan, self.schedule, self.place, self.precision.comm, landing, qgz
         )
 
     def _optimizer_numel(self) -> int:

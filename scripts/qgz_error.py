@@ -1,0 +1,128 @@
+"""qgZ's quantization error per block, on a real run's gradients.
+
+    python scripts/qgz_error.py [--world 4] [--steps 20] [--record [NAME]] [-- train flags]
+
+The default GPT (or the flags after --) trained for --steps steps by the single-rank
+oracle with qgZ (zero_ref/oracle.py: exactly what the engine computes), then one more
+step's gradients of each of the --world ranks, laid out as the engine's buckets see
+them (zero_ref/layout/grad_blocks.py's blocks of --quantize-block) and quantized per
+destination block. Per block: max |g - g'| / amax (the bound is half an int8 step,
+0.5 / 127) and the RMS over amax; and for the summed gradient (what the optimizer
+gets) the relative L2 error ||sum q(g_r) - sum g_r|| / ||sum g_r||. Prints a table,
+then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+from bench_common import add_record_flag, emit, load_average
+
+from zero_ref.app.cli import parse_args
+from zero_ref.app.data import encode_corpus, load_text
+from zero_ref.app.tasks import build_task
+from zero_ref.layout.buckets import plan_buckets
+from zero_ref.layout.flat import build_layout, rank_rows
+from zero_ref.layout.grad_blocks import bucket_block_starts
+from zero_ref.models.unit import init_params
+from zero_ref.oracle import Oracle
+from zero_ref.quantize import quantized_rows
+
+
+def shard_matrix(oracle: Oracle, layout, row: np.ndarray) -> np.ndarray:
+    """One rank's flat gradient (oracle order) as the (W, shard_numel) staging space."""
+    full = np.zeros(layout.full_numel, np.float32)
+    full[oracle._full_index(layout)] = row
+    return np.concatenate([rank_rows(full[u.full_slice()], u) for u in layout.units], axis=1)
+
+
+def block_errors(matrix: np.ndarray, layout, bucket_numel: int, block: int):
+    """Per block (every destination row of every bucket): max err / amax, RMS / amax;
+    and the dequantized matrix."""
+    units = layout.units
+    plan = plan_buckets(
+        [u.shard_numel for u in units], [u.shard_offset for u in units], bucket_numel,
+        layout.world_size,
+    )  # fmt: skip
+    back = matrix.copy()
+    maxes, rmss = [], []
+    for bucket in plan:
+        cols = slice(bucket.shard_offset, bucket.shard_offset + bucket.shard_numel)
+        starts = bucket_block_starts(layout, bucket, block)
+        q = quantized_rows(matrix[:, cols], starts)
+        back[:, cols] = q
+        ends = [*starts[1:], bucket.shard_numel]
+        for lo, hi in zip(starts, ends, strict=True):
+            x = matrix[:, cols][:, lo:hi].astype(np.float64)
+            d = np.abs(q[:, lo:hi] - x)
+            amax = np.abs(x).max(axis=1)
+            keep = amax > 0
+            maxes.append(d.max(axis=1)[keep] / amax[keep])
+            rmss.append(np.sqrt((d**2).mean(axis=1))[keep] / amax[keep])
+    return np.concatenate(maxes), np.concatenate(rmss), back
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--world", type=int, default=4)
+    p.add_argument("--steps", type=int, default=20)
+    add_record_flag(p, "qgz_error")
+    args, extra = p.parse_known_args()
+    flags = [a for a in extra if a != "--"]
+    parsed = parse_args(["--quantized-gradients", "--stage", "3", *flags], args.world)
+    run, zero = parsed.run, parsed.zero
+    vocab, tokens = encode_corpus(load_text(run.data))
+    task = build_task(run, vocab, tokens, args.world, zero.grad_accum)
+    model = task.model
+    oracle = Oracle.for_config(init_params(model, run.seed), zero, model)
+    loss = float("nan")
+    for step in range(args.steps):
+        inputs, targets = task.batches(step)
+        loss = oracle.model_step(model, inputs, targets)
+    inputs, targets = task.batches(args.steps)
+    params = oracle.model_parameters()
+    grads = [oracle.model_gradients(model, params, params, inputs[0, r], targets[0, r])[1]
+             for r in range(args.world)]  # fmt: skip
+    rows = np.stack([oracle.flatten(g) for g in grads])
+    gb = oracle.gradient_blocks
+    layout = build_layout(gb.units, args.world, gb.align)
+    maxes, rmss, exact, quant = [], [], 0, 0
+    for r in range(args.world):
+        m = shard_matrix(oracle, layout, rows[r])
+        e, rms, back = block_errors(m, layout, zero.bucket_numel, zero.quantize_block)
+        maxes.append(e)
+        rmss.append(rms)
+        exact, quant = exact + m.astype(np.float64), quant + back.astype(np.float64)
+    every, rms = np.concatenate(maxes), np.concatenate(rmss)
+    rel_sum = float(np.linalg.norm(quant - exact) / np.linalg.norm(exact))
+    print(
+        f"{args.steps} steps (loss {loss:.4f}), W={args.world}, "
+        f"block {zero.quantize_block}, bucket {zero.bucket_numel}: {every.size} blocks"
+    )
+    print(f"max err/amax {every.max():.7f}  mean {every.mean():.7f}  RMS/amax {rms.mean():.5f}"
+          f"  summed gradient rel L2 error {rel_sum:.2e}")  # fmt: skip
+    emit(
+        {
+            "script": "qgz_error",
+            "world": args.world,
+            "steps": args.steps,
+            "loss": float(loss) if args.steps else None,
+            "block": zero.quantize_block,
+            "bucket_numel": zero.bucket_numel,
+            "precision": zero.precision,
+            "blocks": int(every.size),
+            "max_rel_error": float(every.max()),
+            "mean_rel_error": float(every.mean()),
+            "mean_rms_rel_error": float(rms.mean()),
+            "summed_grad_rel_l2_error": rel_sum,
+            "bound": 0.5 / 127,
+            "load_average": load_average(),
+        },
+        args.record,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
