@@ -202,8 +202,8 @@ def draw(
                 label = str(e["args"]["sub_group"])
                 ax.annotate(label, where, ha="center", va="center", size=6, color="white")
             right = max(right, x + width)
-        if e["cat"] == "collectives":
-            moved["sent"][e["name"]] += e["args"].get("sent_bytes", 0)
+        if e["cat"] in ("collectives", "in flight") and not e["name"].startswith("wait "):
+            moved["sent"][e["name"]] += e["args"].get("sent_bytes", 0)  # a wait sent nothing
         elif e["cat"] == "copies":
             moved["copied"][e["name"]] += e["args"]["bytes"]
         elif e["cat"] in ("swap reads", "swap writes"):
@@ -271,8 +271,8 @@ def legend_entries(events: list[dict]) -> dict[str, str]:
             entries[kind] = COMPUTE_COLORS[kind]
         elif e["cat"] == "optimizer":
             entries["optimizer step"] = COMPUTE_COLORS["optimizer step"]
-        elif e["cat"] in ("collectives", "copies"):
-            entries[e["name"]] = color_of(e)
+        elif e["cat"] in ("collectives", "copies", "in flight"):
+            entries[e["name"].removeprefix("wait ")] = color_of(e)  # a wait: its kind's
         elif e["cat"] in IO_COLORS:
             entries[e["cat"]] = IO_COLORS[e["cat"]]
     return entries
