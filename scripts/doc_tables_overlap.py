@@ -57,4 +57,23 @@ def overlap_bench(*results: Result) -> str:
     return "\n\n".join(parts)
 
 
-RENDERERS = {f.__name__: f for f in (overlap_memory, overlap_bench)}
+def overlap_probes(res: Result) -> str:
+    """The link bytes (the busier direction) and time of one call of each kind, per rank
+    placement, at each limited rate (scripts/link_probe.py's probes in the result)."""
+    rows = []
+    for link in res.data["links"]:
+        if link["rate_mbit"] is None:
+            continue
+        for placement, probe in link["probes"].items():
+            cells = [f"{link['rate_mbit']:g} Mbit/s", placement]
+            for kind in ("allreduce", "allgather", "reduce_scatter"):
+                k = probe["kinds"][kind]
+                nbytes = max(k["link_rx_bytes"], k["link_tx_bytes"])
+                cells.append(f"{nbytes / 1e6:.3f} MB, {1e3 * k['seconds']:.1f} ms")
+            rows.append(cells)
+    numel = res.data["links"][0]["probes"]["block"]["numel"]
+    header = ["link", "ranks", "all-reduce", "all-gather", "reduce-scatter"]
+    return f"{measured_by(res)} One call of {numel:,} float32 values each.\n\n{table(header, rows)}"
+
+
+RENDERERS = {f.__name__: f for f in (overlap_memory, overlap_bench, overlap_probes)}

@@ -38,6 +38,9 @@ second_run = st.fixed_dictionaries(
 
 
 def save_then_resume(mpi_pools, drawn: dict, second: dict) -> tuple[dict, dict]:
+    # qgZ is not drawn here: the oracle's replay of a saved run's history does not yet
+    # carry its gradient quantization (a qgZ checkpoint itself holds nothing of it)
+    drawn = drawn | {"qgz": None}
     k = drawn["steps"]
     folder = tempfile.mkdtemp(prefix="zero_ref_ckpt_")
     first = run(mpi_pools, {**drawn, "save_to": folder})

@@ -33,7 +33,10 @@ TOKENS = np.arange(50, dtype=np.int64) % 7
 BASE_ARGS = ["--stage", "3", "--nvme-path", "/tmp"]
 # Values tried for a str or None field, in order, until one is valid for it (after a
 # path to an existing file: --init's file is read to hash it).
-WORDS = ("fp16", "bf16", "fp32", "nvme", "cpu", "gpu", "yes", "skip", "cosine", "constant", "x")
+WORDS = (
+    "fp16", "bf16", "fp32", "nvme", "cpu", "gpu", "yes", "skip", "cosine", "constant", "thread",
+    "x",
+)  # fmt: skip
 
 
 def alternatives(value: object, words: tuple[str, ...]) -> list[object]:
