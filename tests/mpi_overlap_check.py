@@ -24,6 +24,7 @@ import ml_dtypes
 import numpy as np
 from mpi4py import MPI
 from mpi_checks import run_checks  # beside this script, which runs by path
+from mpi_comm_check import Checks  # failures collected per rank, as there
 
 from zero_ref.comm.collectives import Comm, MPIReduction, OrderedReduction
 from zero_ref.comm.progress import progress_for
@@ -36,15 +37,6 @@ from zero_ref.testing.replay import ReplayModel
 DTYPES = (np.float32, np.float16, ml_dtypes.bfloat16)
 UNITS = [("u0", [("w", (5, 7))]), ("u1", [("w", (9,)), ("b", (4, 4))]), ("u2", [("w", (6, 6))])]
 UNITS += [("u3", [("w", (3, 11))]), ("u4", [("w", (2,))])]
-
-
-class Checks:
-    def __init__(self, rank: int) -> None:
-        self.rank, self.failures = rank, []
-
-    def __call__(self, ok: bool, what: str) -> None:
-        if not ok:
-            self.failures.append(f"rank {self.rank}: {what}")
 
 
 def bits(a: np.ndarray) -> np.ndarray:

@@ -77,18 +77,25 @@ def dequantize_reference(q: np.ndarray, scales: np.ndarray, block: int, out: np.
 
 
 # ---- the Numba kernels (same steps)
+@numba.njit(cache=True, nogil=True, inline="always")
+def _block_amax(x, lo, hi):  # pragma: no cover - compiled
+    """(max |x[lo:hi]| in float32, whether every element is finite): both kernels' scan."""
+    amax = np.float32(0)
+    finite = True
+    for k in range(lo, hi):
+        a = np.float32(abs(x[k]))
+        if not np.isfinite(a):
+            finite = False
+        elif a > amax:
+            amax = a
+    return amax, finite
+
+
 @numba.njit(cache=True, nogil=True)
 def quantize_kernel(x, block, q, scales):  # pragma: no cover - compiled
     for b in range(x.size // block):
         lo = b * block
-        amax = np.float32(0)
-        finite = True
-        for k in range(lo, lo + block):
-            a = np.float32(abs(x[k]))
-            if not np.isfinite(a):
-                finite = False
-            elif a > amax:
-                amax = a
+        amax, finite = _block_amax(x, lo, lo + block)
         scale = np.float32(amax / np.float32(QMAX))
         if not finite or not np.isfinite(np.float32(scale * np.float32(QMAX))):
             return b
@@ -193,14 +200,7 @@ def quantize_segments_kernel(x, starts, q, scales):  # pragma: no cover - compil
     for b in range(starts.size):
         lo = starts[b]
         hi = starts[b + 1] if b + 1 < starts.size else n
-        amax = np.float32(0)
-        finite = True
-        for k in range(lo, hi):
-            a = np.float32(abs(x[k]))
-            if not np.isfinite(a):
-                finite = False
-            elif a > amax:
-                amax = a
+        amax, finite = _block_amax(x, lo, hi)
         scale = np.float32(amax / np.float32(QMAX))
         if not finite or not np.isfinite(scale):
             scales[b] = np.float32(np.nan)
