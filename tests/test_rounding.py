@@ -306,6 +306,60 @@ def test_accumulate_widen_and_rounded_use_the_same_rule():
     assert across.view(np.uint16).tolist() == [0x3C08, 0x7E00]
 
 
+# rows whose float32 sums are a tie, an overflow, or a NaN in the 16-bit format
+FUSED_CASES = {
+    FP16: [
+        (0x3C00, 0x1000),
+        (0x3C01, 0x1000),
+        (0x7BFF, 0x7BFF),
+        (0x7C00, 0xFC00),
+        (0x0001, 0x8001),
+    ],
+    BF16: [
+        (0x3F80, 0x3B80),
+        (0x3F81, 0x3B80),
+        (0x7F7F, 0x7F7F),
+        (0x7F80, 0xFF80),
+        (0x0001, 0x8001),
+    ],
+}
+
+
+@pytest.mark.parametrize("dtype", [FP16, BF16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("n", [*SIZES, 2048, 2049])
+def test_the_fused_16_bit_sum_rounds_once_what_the_unfused_sum_would(dtype, world, n):
+    """sum_widened_rows_rounded (the 16-bit reduce-scatter's local pass, tiled): kernel,
+    twin, and sum_widened_rows then round_into agree bit for bit, across tile edges,
+    with sums that tie (1 + half an ulp, either parity), overflow to Inf, are
+    Inf + -Inf, or cancel subnormals to zero."""
+    rng = np.random.default_rng(world * 7000 + n)
+    words = rng.integers(0, 1 << 16, (world, n), dtype=np.uint64).astype(np.uint16)
+    words[:, ::3] &= 0x83FF  # subnormals and zeros
+    if world == 2:
+        for j, (a, b) in enumerate(FUSED_CASES[dtype][:n]):
+            words[:, j] = a, b
+    fp16 = dtype == FP16
+    k, t = np.full(n, 7, np.uint16), np.full(n, 9, np.uint16)
+    R.sum_widened_rows_rounded_kernel(words, k, fp16)
+    R.sum_widened_rows_rounded_reference(words, t, fp16)
+    total = HOST.sum_widened_rows(words.view(dtype), np.empty(n, np.float32))
+    unfused = round_into(np.empty(n, dtype), total).view(np.uint16)
+    fused = HOST.sum_widened_rows_rounded(words.view(dtype), np.empty(n, dtype)).view(np.uint16)
+    # a NaN's sign is the adder's choice of operand (LLVM may commute an add): the
+    # magnitudes agree everywhere, the signs wherever the sum is not NaN
+    assert_same(words[0], *(x & 0x7FFF for x in (unfused, k, t, fused)))
+    nan = np.isnan(total)
+    assert_same(words[0][~nan], *(x[~nan] for x in (unfused, k, t, fused)))
+    if world == 2 and n >= 5:
+        tie_even, tie_odd, overflow, nan, cancelled = k[:5]
+        assert tie_even == FUSED_CASES[dtype][0][0]  # 1 + half an ulp: stays at even 1
+        assert tie_odd == FUSED_CASES[dtype][1][0] + 1  # odd + half an ulp: up to even
+        assert overflow == (0x7C00 if fp16 else 0x7F80)
+        assert nan & 0x7FFF == (R.FP16_QUIET_NAN if fp16 else R.BF16_QUIET_NAN)  # fp16: its sign
+        assert cancelled == 0
+
+
 @pytest.mark.parametrize("dtype", [FP16, BF16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("world", [1, 2, 3, 5])
 @pytest.mark.parametrize("n", SIZES)

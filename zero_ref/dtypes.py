@@ -119,6 +119,16 @@ def sum_widened_rows(words: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
+def sum_widened_rows_rounded(words: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """16-bit out (n,) of the words' dtype <- sum_widened_rows of the (W, n) rows,
+    rounded once: one kernel, no float32 temporary (a 16-bit block of a sum over ranks)."""
+    kernel = rounding.sum_widened_rows_rounded_kernel
+    if not (words.flags.c_contiguous and out.flags.c_contiguous):
+        kernel = rounding.sum_widened_rows_rounded_reference
+    kernel(words.view(np.uint16), out.view(np.uint16), words.dtype == _FP16)
+    return out
+
+
 _NAMES = {d: d.name for d in (*DTYPES.values(), np.dtype(np.uint16), np.dtype(np.uint32))}
 
 
@@ -151,6 +161,10 @@ class HostArrays:
     def sum_widened_rows(self, words: np.ndarray, out: np.ndarray) -> np.ndarray:
         """float32 out = the (W, n) 16-bit rows widened and summed in row order."""
         return sum_widened_rows(words, out)
+
+    def sum_widened_rows_rounded(self, words: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """16-bit out = the (W, n) rows of its dtype widened, summed in row order, rounded once."""
+        return sum_widened_rows_rounded(words, out)
 
     def sync(self) -> None:
         """Before MPI reads or writes the arrays: nothing to wait for in RAM."""

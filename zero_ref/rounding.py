@@ -259,6 +259,37 @@ def sum_widened_rows_kernel(words, out, fp16: bool) -> None:
     _sum_widened_rows(words, out, fp16)
 
 
+TILE = 2048  # columns summed in float32 before they are rounded: a tile stays in L1
+
+
+@_jit
+def _sum_widened_rows_rounded(words, out_bits, fp16):  # pragma: no cover - compiled
+    """_sum_widened_rows tile by tile, each tile's float32 sums rounded once into
+    out_bits; the loops over a tile's columns are the ones vectorised."""
+    n = out_bits.shape[0]
+    acc = np.empty(min(n, TILE), np.float32)
+    acc_bits = acc.view(np.uint32)
+    for lo in range(0, n, TILE):
+        m = min(n - lo, TILE)
+        for j in range(m):
+            acc[j] = np.uint32(_widened(np.int64(words[0, lo + j]), fp16)).view(np.float32)
+        for r in range(1, words.shape[0]):
+            for j in range(m):
+                acc[j] += np.uint32(_widened(np.int64(words[r, lo + j]), fp16)).view(np.float32)
+        if fp16:
+            _round_fp16_row(acc_bits[:m], out_bits[lo : lo + m])
+        else:
+            _round_bf16_row(acc_bits[:m], out_bits[lo : lo + m])
+
+
+def sum_widened_rows_rounded_kernel(words, out_bits, fp16: bool) -> None:
+    """16-bit out_bits (n,) <- ((w[0] + w[1]) + w[2]) + ... of the (W, n) 16-bit words,
+    summed in float32 as sum_widened_rows_kernel does and rounded once to the words'
+    own format: a 16-bit reduce-scatter's whole local work in one pass, without a
+    float32 temporary of the block (stage 0's and stage 2's 16-bit gradient sums)."""
+    _sum_widened_rows_rounded(words, out_bits, fp16)
+
+
 # ---- NumPy twins: the same steps on whole arrays (any shape)
 def round_fp16_reference(src_bits: np.ndarray, dst_bits: np.ndarray) -> None:
     """dst_bits (uint16) <- fp16 bits of float32 src_bits (uint32)."""
@@ -314,6 +345,13 @@ def sum_widened_rows_reference(words: np.ndarray, out: np.ndarray, fp16: bool) -
     with np.errstate(invalid="ignore"):  # Inf + -Inf (fp16 overflow): NaN, the scaler's signal
         for r in range(1, words.shape[0]):
             out += table[r]  # float32 + float32, one rounding, left to right
+
+
+def sum_widened_rows_rounded_reference(words: np.ndarray, out_bits: np.ndarray, fp16: bool) -> None:
+    """16-bit out_bits (n,) <- the float32 row-order sum of the words, rounded once."""
+    total = np.empty(out_bits.shape, np.float32)
+    sum_widened_rows_reference(words, total, fp16)
+    (round_fp16_reference if fp16 else round_bf16_reference)(total.view(np.uint32), out_bits)
 
 
 # ---- calling the kernels on arrays of any layout

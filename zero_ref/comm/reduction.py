@@ -85,13 +85,9 @@ def sum_16bit_words(mpi: MPI.Comm, send, recv, arrays: HostArrays = HOST) -> Non
     """recv = this rank's block of the sum over ranks of a 16-bit send: an Alltoall of
     the 16-bit words, each row widened to float32 (exact), added in rank order, and
     rounded once to recv's dtype. The same result in fast and deterministic mode."""
-    world, n = mpi.Get_size(), recv.size
-    words = _rows(arrays, world, n, np.uint16)  # row r: rank r's block for me
+    words = _rows(arrays, mpi.Get_size(), recv.size, np.uint16)  # row r: rank r's block for me
     mpi.Alltoall(words_of(send), words)
-    total = recv if recv.dtype == _F32 else arrays.temporary(n, np.float32)
-    arrays.sum_widened_rows(words.view(send.dtype), total)  # one pass: widen, add in order
-    if total is not recv:
-        arrays.round_into(recv, total)
+    _sum_words(words.view(send.dtype), recv, arrays)
 
 
 def isum_16bit_words(mpi: MPI.Comm, send, recv, arrays: HostArrays = HOST) -> Issued:
@@ -100,14 +96,20 @@ def isum_16bit_words(mpi: MPI.Comm, send, recv, arrays: HostArrays = HOST) -> Is
     words = _rows(arrays, mpi.Get_size(), recv.size, np.uint16)  # row r: rank r's block
     request = mpi.Ialltoall(words_of(send), words)
     dtype = send.dtype
+    return request, lambda: _sum_words(words.view(dtype), recv, arrays), (words,)
 
-    def finish() -> None:
-        total = recv if recv.dtype == _F32 else arrays.temporary(recv.size, np.float32)
-        arrays.sum_widened_rows(words.view(dtype), total)
-        if total is not recv:
-            arrays.round_into(recv, total)
 
-    return request, finish, (words,)
+def _sum_words(rows, recv, arrays: HostArrays) -> None:
+    """recv <- the (W, n) 16-bit rows widened, added in rank order in float32, rounded
+    once to recv's dtype: one pass into a float32 recv or one of the rows' own dtype
+    (the common cases), a float32 temporary between them otherwise."""
+    if recv.dtype == _F32:
+        arrays.sum_widened_rows(rows, recv)
+    elif recv.dtype == rows.dtype:
+        arrays.sum_widened_rows_rounded(rows, recv)
+    else:
+        total = arrays.sum_widened_rows(rows, arrays.temporary(recv.size, np.float32))
+        arrays.round_into(recv, total)
 
 
 def words_of(buf: np.ndarray) -> np.ndarray:

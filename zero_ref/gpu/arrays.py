@@ -94,6 +94,14 @@ class DeviceArrays:
         self.widen_into(rows, words.reshape(-1))
         return sum_in_rank_order(rows.reshape(words.shape), out)
 
+    def sum_widened_rows_rounded(self, words, out):
+        """16-bit out (n,) = the (W, n) rows of its dtype widened, summed in row order
+        and rounded once (here: sum_widened_rows into a temporary, then round_into)."""
+        if in_host_memory(out):
+            return HOST.sum_widened_rows_rounded(words, out)
+        total = self.sum_widened_rows(words, self.temporary(out.shape[0], np.float32))
+        return self.round_into(out, total)
+
     def dtype_name(self, array) -> str:
         """What the elements are: uint16 on a GPU is bfloat16's bits."""
         return stored_dtype_name(array)
