@@ -113,6 +113,7 @@ def memory_untracked(res: Result) -> str:
 
 def precision_speed(res: Result) -> str:
     d, s = res.data, res.data["settings"]
+    least = all("time_ratio_least" in r for r in d["speed"])  # recorded since --repeats had it
     rows = [
         [
             r["precision"],
@@ -126,17 +127,19 @@ def precision_speed(res: Result) -> str:
             f"{r['real_peak_per_param']:.2f}",
             f"{r['comm_ratio']:.3f}",
             f"{r['time_ratio']:.2f}",
+            *([f"{r['time_ratio_least']:.2f}"] if least else []),
         ]
         for r in d["speed"]
     ]
     header = ["precision", "stage", "step s", "bytes sent / step", "ledger", "formula"]
     header += ["paper K=12", "real", "sent / fp32", "time / fp32"]
+    header += ["least / fp32"] if least else []
     ckpt = " with `--checkpoint-activations`" if s["checkpoint_activations"] else ""
     rounds = s.get("repeats", 1)
     over = (
         f", then the median over {rounds} rounds, in each of which a stage's three precisions "
-        "ran back to back (time / fp32: the median of the rounds' own ratios; real: the least "
-        "over rounds)"
+        "ran back to back (time / fp32: the median of the rounds' own ratios; least / fp32: "
+        "the run's least step time over rounds over fp32's least; real: the least over rounds)"
         if rounds > 1
         else ""
     )
@@ -156,8 +159,8 @@ def precision_findings(speed: list[dict]) -> str:
     by = {(r["precision"], r["stage"]): r for r in speed}
     half = [r for r in speed if r["precision"] != "fp32"]
 
-    def times(p: str) -> str:
-        return span([r["time_ratio"] for r in speed if r["precision"] == p])
+    def times(p: str, key: str = "time_ratio") -> str:
+        return span([r[key] for r in speed if r["precision"] == p])
 
     drops = ", ".join(
         f"stage {s}: {by['fp32', s]['real_peak_per_param']:.2f} -> "
@@ -170,7 +173,13 @@ def precision_findings(speed: list[dict]) -> str:
     return (
         f"16-bit sent {span([r['comm_ratio'] for r in half], '{:.3f}')} of fp32's bytes. "
         f"Real peak, fp32 -> 16-bit, {drops}. At stage 0 the 16-bit ledger is {extra} B above the "
-        f"formula. Step time against fp32: fp16 {times('fp16')}, bf16 {times('bf16')}."
+        f"formula. Step time against fp32: fp16 {times('fp16')}, bf16 {times('bf16')}"
+        + (
+            f"; least over rounds: fp16 {times('fp16', 'time_ratio_least')}, "
+            f"bf16 {times('bf16', 'time_ratio_least')}."
+            if all("time_ratio_least" in r for r in speed)
+            else "."
+        )
     )
 
 
