@@ -18,20 +18,23 @@ SKIP_FIRST; a step ends where its optimizer step ends), in ms:
 each the median over ranks. Beside them, per kind, the link time of its bytes: the
 link's measured bytes per step (busier direction) shared out by the ledger's bytes per
 kind, over the link's measured rate. From those, the *dependency bound*: the least step
-time any schedule of these collectives could reach given what each waits for:
+time any schedule of these collectives could reach given what each waits for, the
+unlimited link's step (compute alone, its waits for other ranks included) plus the link
+time no compute can cover:
 
-  stages 1-2  max(F, t_allgather) + max(B, t_reduce_scatter) + O + rest
+  stages 1-2  + max(0, t_allgather - F) + max(0, t_reduce_scatter - B)
               (updated parameters are gathered after the step and read by the next
               forward; gradients are reduced during backward and read by the step)
-  stage 3     max(F, t_allgather / 2) + max(B, t_allgather / 2 + t_reduce_scatter) + O + rest
+  stage 3     + max(0, t_allgather / 2 - F) + max(0, t_allgather / 2 + t_reduce_scatter - B)
               (forward's gathers under forward; backward's gathers and reductions under
               backward)
 
-with F, B, O and rest (blocking + other) from the unlimited link's run: compute alone.
-It ignores that the first reduction waits for the first full bucket and the first
-forward for the first gather, so it is a lower bound. Also: compute inflation, the
-forward + backward + optimizer time at the rate minus that on the unlimited link
-(CPU the link's traffic takes from compute: 4 ranks and the kernel's TCP on 2 cores).
+with F and B the unlimited link's forward and backward. It ignores that the first
+reduction waits for the first full bucket and the first forward for the first gather,
+and that the link's traffic takes CPU from compute, so it is a lower bound. Also:
+compute inflation, the forward + backward + optimizer time at the rate minus that on the
+unlimited link (CPU the traffic takes from compute: 4 ranks and the kernel's TCP on 2
+cores).
 
 Prints the table and one JSON line last.
 """
@@ -59,7 +62,8 @@ NOT_IN_STEP = ("sample",)  # lane-1 events outside training steps
 # ---- pure parts: a trace's phases per step, the bound
 def step_phases(events: list[dict], skip_first: int = SKIP_FIRST) -> list[dict]:
     """Per step of one rank's events (after skip_first): its length and phases, in s."""
-    ends = sorted(e["ts"] + e["dur"] for e in events if e.get("tid") == OPTIMIZER)
+    done = [e for e in events if e.get("ph") == "X" and e.get("tid") == OPTIMIZER]
+    ends = sorted(e["ts"] + e["dur"] for e in done)
     steps = []
     for k in range(max(skip_first, 1), len(ends)):
         lo, hi = ends[k - 1], ends[k]
@@ -114,12 +118,11 @@ def kind_link_seconds(link_bytes: float, kind_bytes: dict[str, float], rate: flo
 
 def dependency_bound(stage: int, compute: dict, t: dict[str, float]) -> float:
     """The least step time a schedule of these collectives could reach (module docstring)."""
-    f, b, o = compute["forward"], compute["backward"], compute["optimizer"]
-    rest = compute["blocking"] + compute["other"]
+    f, b = compute["forward"], compute["backward"]
     ag, rs = t.get("allgather", 0.0), t.get("reduce_scatter", 0.0)
     if stage == 3:
-        return max(f, ag / 2) + max(b, ag / 2 + rs) + o + rest
-    return max(f, ag) + max(b, rs) + o + rest
+        return compute["step"] + max(0.0, ag / 2 - f) + max(0.0, ag / 2 + rs - b)
+    return compute["step"] + max(0.0, ag - f) + max(0.0, rs - b)
 
 
 def compute_of(p: dict) -> float:
