@@ -76,4 +76,49 @@ def overlap_probes(res: Result) -> str:
     return f"{measured_by(res)} One call of {numel:,} float32 values each.\n\n{table(header, rows)}"
 
 
-RENDERERS = {f.__name__: f for f in (overlap_memory, overlap_bench, overlap_probes)}
+def overlap_budget(res: Result) -> str:
+    """scripts/overlap_budget.py's rows: an overlapped step shared out into phases (ms),
+    beside max(compute, communication), the dependency bound and the 1.15x target."""
+    rows = []
+    for r in res.data["rows"]:
+        p, t = r["phases"], r["kind_link_s"]
+        waits = ", ".join(f"{k} {v * 1e3:.0f}" for k, v in p["waits"].items() if v >= 5e-4)
+        rows.append(
+            [
+                str(r["stage"]),
+                f"{r['rate_mbit']:g} Mbit/s",
+                f"{p['step'] * 1e3:.1f}",
+                f"{r['compute_phases']['step'] * 1e3:.1f}",
+                f"{r['comm_s'] * 1e3:.1f}",
+                f"{t.get('allgather', 0) * 1e3:.0f} / {t.get('reduce_scatter', 0) * 1e3:.0f}",
+                f"{r['dependency_bound_s'] * 1e3:.1f}",
+                f"{r['target_s'] * 1e3:.1f}",
+                f"{p['forward'] * 1e3:.0f} / {p['backward'] * 1e3:.0f} / "
+                f"{p['optimizer'] * 1e3:.0f}",
+                f"{p['wait'] * 1e3:.0f}" + (f" ({waits})" if waits else ""),
+                f"{(p['blocking'] + p['other']) * 1e3:.0f}",
+                f"{r['compute_inflation_s'] * 1e3:+.0f}",
+                f"{r['bound_over_max']:.2f}",
+                f"{r['overlapped_over_max']:.2f}",
+            ]
+        )
+    header = [
+        "stage",
+        "link",
+        "overlapped",
+        "compute",
+        "comm (bytes)",
+        "link: gathers / reductions",
+    ]
+    header += ["bound", "1.15 x max", "fwd / bwd / opt", "waits", "rest", "compute inflation"]
+    header += ["bound / max", "overlapped / max"]
+    s = res.data["settings"]
+    setup = (
+        f"ms per step, the median over ranks of steps {s['skip_first'] + 1}-{s['steps']}, "
+        f"`{s['model_flags']}`{' ' + s['extra'] if s['extra'] else ''}, {s['hosts']} hosts x "
+        f"{s['ranks'] // s['hosts']} ranks, ranks in blocks."
+    )
+    return f"{measured_by(res)} {setup}\n\n{table(header, rows)}"
+
+
+RENDERERS = {f.__name__: f for f in (overlap_memory, overlap_bench, overlap_probes, overlap_budget)}
