@@ -100,12 +100,14 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
         **(case.get("overlap") or {}),  # overlap_comm, progress, prefetch_numel, ...
         **(qwz_settings(case) | qgz_settings(case)),  # one quantize_block if both
         hpz_partition_size=case.get("hpz") or 1,  # hpZ: a partition size, or "host"
+        hybrid_shard_size=case.get("hybrid"),  # hybrid sharding: a shard group size, or None
     )
     model, batches = build_model(case)
     init = init_params(model, case["seed"])
     comm = comm_for(world, cfg)
     k, w, steps = cfg.grad_accum, comm.size, []
-    oracle = Oracle.for_config(init, cfg, model) if comm.rank == 0 else None
+    shard = comm.size if cfg.hybrid_shard_size == "host" else None  # one host: G = W
+    oracle = Oracle.for_config(init, cfg, model, shard) if comm.rank == 0 else None
     first = 0
     if case.get("resume_from"):
         checkpoint = Checkpoint(case["resume_from"])
@@ -142,7 +144,7 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
     if comm.rank != 0:
         return None
     sizes = engine.precision.bytes
-    formula = formula_bytes(cfg.stage, engine.layout.full_numel, w, k, sizes)
+    formula = formula_bytes(cfg.stage, engine.layout.full_numel, engine.shard_world, k, sizes)
     return {
         "steps": steps,
         "optimizer_state_bitwise": optimizer_state_matches(state, oracle),
