@@ -159,6 +159,8 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
         "full_numel": engine.layout.full_numel,
         "element_bytes": dataclasses.asdict(sizes),
         "numel": engine.layout.numel,
+        "shard_world": engine.shard_world,  # hybrid sharding: G (else the world size)
+        "hybrid_sent_bytes": engine.hybrid_sent_bytes(),  # its all-reduce across groups
         **plan(engine),
     }
 
@@ -191,7 +193,9 @@ def replay_history(oracle: Oracle, model, batches, history: list[dict], k: int) 
     """The oracle takes the saved run's steps, each at the world size it ran at (and with
     qwZ's block, when the phase names its "qwz": the saved run's, not this one's)."""
     step, mine, reads = 0, oracle.quantize_block, oracle.backward_reads_forward
+    groups = oracle.shard_size
     for phase in history:
+        oracle.shard_size = phase.get("hybrid", groups)  # that run's groups, where named
         if "qwz" in phase:
             oracle.quantize_block = phase["qwz"]["quantize_block"] if phase["qwz"] else None
             # hpZ with qwZ: that run's backward read forward's dequantized weights
@@ -201,6 +205,7 @@ def replay_history(oracle: Oracle, model, batches, history: list[dict], k: int) 
             oracle.model_step(model, inputs, targets, lr)
             step += 1
         oracle.quantize_block, oracle.backward_reads_forward = mine, reads
+        oracle.shard_size = groups
 
 
 def consolidated_optimizer_state(engine) -> dict[str, dict[str, np.ndarray]]:

@@ -22,7 +22,7 @@ from zero_ref.config import ZeroConfig
 from zero_ref.engine.collective_schedule import schedule_for
 from zero_ref.engine.compute import compute_for
 from zero_ref.engine.hooks import EngineHooks
-from zero_ref.engine.hybrid import replicas_for
+from zero_ref.engine.hybrid import replica_sent_bytes, replicas_for
 from zero_ref.engine.init_source import InitSource, as_init_source
 from zero_ref.engine.memory import MemoryLedger
 from zero_ref.engine.placement import HostPlacement, placement_for
@@ -186,6 +186,12 @@ class EngineBase(SharedStep, StateIO):
         """Stage 3's all-gathers of each unit per step where its plan holds more than one
         unit (prefetch buffers, persistent units); None: the paper's one at a time."""
         return None
+
+    def hybrid_sent_bytes(self) -> int:
+        """Bytes this rank sends per step in hybrid sharding's all-reduce across the shard
+        groups (ledger kind allreduce_hybrid; 0 without hybrid sharding)."""
+        numels = [grad.size for _, grad, _, _, _ in self.owned_slices()]
+        return replica_sent_bytes(numels, self.replicas.replicas, self.precision.bytes.grad)
 
     def memory_report(self) -> dict:
         """The memory ledger as plain data: bytes by category in RAM, on disk, on the
