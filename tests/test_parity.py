@@ -100,7 +100,7 @@ def options(model: st.SearchStrategy, deterministic: bool, worlds: list[int]):
                 "hpz": st.sampled_from([None, 1, 2, 3, 4, "host"]),
                 # hybrid sharding: ZeRO inside groups of this many ranks, the groups
                 # all-reduced (kept where the size divides the world: 4 ranks, 2)
-                "hybrid": st.sampled_from([None, None, 1, 2, 3, 4]),
+                "hybrid": st.sampled_from([None, None, 1, 2, 3, 4, "host"]),
             }
         )
         .map(offload_allowed)
@@ -186,7 +186,8 @@ def hybrid_allowed(drawn: dict) -> dict:
     size = drawn.get("hybrid")
     if size is None:
         return drawn
-    if drawn["stage"] < 1 or drawn["world"] % size or drawn.get("offload"):
+    divides = size == "host" or drawn["world"] % size == 0  # "host": one host, G = W
+    if drawn["stage"] < 1 or not divides or drawn.get("offload"):
         return drawn | {"hybrid": None}
     return drawn if drawn.get("hpz") in (None, 1) else drawn | {"hybrid": None}
 
@@ -483,6 +484,7 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scope
 @example(drawn=pinned(TINY_UNITS, stage=2, world=4, hybrid=2, precision=BF16_FP32_ACCUM))
 @example(drawn=pinned(TINY_UNITS, stage=1, world=4, hybrid=2, grad_accum=1, overlap=OVERLAP))
 @example(drawn=pinned(TINY_UNITS, stage=3, world=4, hybrid=1, qwz=QWZ, qgz=QWZ))
+@example(drawn=pinned(TINY_UNITS, stage=2, world=2, hybrid="host", precision=BF16))
 def test_deterministic_replay_is_bitwise_oracle(mpi_pools, drawn):
     result = run(mpi_pools, drawn)
     check_bitwise(result)
