@@ -118,7 +118,8 @@ ENGINE = (
             "ranks ('host': the ranks sharing a host), the groups replicas of one another, "
             "the gradient shard all-reduced across the groups once per step "
             "(docs/zeropp.md). Unset: ZeRO over the whole world",
-            str, allowed="an integer >= 1 dividing the world size, or 'host'",
+            str, minimum=1, cli_range=False,
+            allowed="an integer >= 1 dividing the world size, or 'host'",
             ds=(ZO + "mics_shard_size",), ds_parse=dv.shard_size,
             feeds=Z + "hybrid_shard_size", to_config=_hybrid_to_config,
             default_text="unset (off; DeepSpeed's -1)"),
