@@ -12,6 +12,7 @@ import json
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 from mpi4py import MPI
 
@@ -21,10 +22,11 @@ from zero_ref.app.cli import parse_args
 from zero_ref.app.rank_estimate import estimate_for, model_for
 from zero_ref.comm.choose import comm_for
 from zero_ref.comm.groups import HYBRID_KIND
-from zero_ref.config import ZeroConfig
+from zero_ref.config import AdamWConfig, ZeroConfig
 from zero_ref.engine.hybrid import replica_pieces, replica_sent_bytes
 from zero_ref.engine.ladder import make_engine
 from zero_ref.models.unit import init_params
+from zero_ref.oracle import Oracle
 from zero_ref.testing.replay import ReplayModel
 
 
@@ -44,6 +46,27 @@ def test_pieces_cover_the_view_in_multiples_of_the_replicas():
     assert replica_sent_bytes([15], 2, 4) == 2 * 1 * 8 * 4  # ceil(15/2) = 8 elements a rank
     assert replica_sent_bytes([4, 5], 4, 2) == 2 * 3 * (1 + 2) * 2
     assert replica_sent_bytes([15], 1, 4) == 0  # one group: nothing crosses
+
+
+def test_the_oracle_sums_each_group_then_the_groups():
+    """shard_size G: g = ((s_00 + s_10) + (s_01 + s_11)) / (W k) for 4 ranks in groups of
+    2, 2 micro-steps (s_jg: micro-step j's sum over group g's ranks, in rank order), and
+    not the one rank order's (((r0 + r1) + r2) + r3) sums, which differ in the last bits."""
+    rng = np.random.default_rng(3)
+    init = {"w": np.zeros(4096, np.float32)}
+    grads = [[{"w": rng.standard_normal(4096).astype(np.float32)} for _ in range(4)]
+             for _ in range(2)]  # fmt: skip
+    rows = [[g["w"] for g in micro] for micro in grads]
+    group = [[(m[0] + m[1]), (m[2] + m[3])] for m in rows]  # per micro-step, per group
+    acc = (group[0][0] + group[1][0]) + (group[0][1] + group[1][1])
+    flat = ((((rows[0][0] + rows[0][1]) + rows[0][2]) + rows[0][3])
+            + (((rows[1][0] + rows[1][1]) + rows[1][2]) + rows[1][3]))  # fmt: skip
+    for size, expected in [(2, acc), (None, flat)]:
+        oracle = Oracle(init, AdamWConfig(), shard_size=size)
+        oracle.step(grads)
+        want = np.divide(expected, np.float32(8), dtype=np.float32)
+        assert np.array_equal(oracle.last_detail.grad.view(np.uint32), want.view(np.uint32))
+    assert not np.array_equal(acc, flat)  # the two orders differ: the test tells them apart
 
 
 @pytest.mark.parametrize(
