@@ -12,7 +12,10 @@ in seconds, before hypothesis explores or spends minutes shrinking."""
 
 from __future__ import annotations
 
+import json
 import math
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -637,3 +640,29 @@ def test_stage3_holds_at_most_one_gathered_unit(mpi_pools):
     largest_unit_bytes = 4 * padded_numel(53, 4)
     assert result["peak_params"] == result["formula"]["params"]  # the shard, never more
     assert result["buffer_bytes"]["gathered_unit"] == largest_unit_bytes
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ({"world": 4, "hybrid": 2}, {"world": 4, "hybrid": 2}),
+        ({"world": 4, "hybrid": 2, "stage": 2}, {"world": 2, "hybrid": None, "stage": 3}),
+        ({"world": 2, "hybrid": None}, {"world": 4, "hybrid": 2}),
+    ],
+)
+def test_checkpoint_of_a_hybrid_run_resumes_and_reshards(mpi_pools, first, second):
+    """The first shard group writes a checkpoint of world size G (the others hold the
+    same state); it resumes bitwise in the same run, and reshards into another world
+    size, group size or stage, as any checkpoint does; the oracle replays the saved run
+    with its groups."""
+    drawn = pinned(MLP, **({"stage": 3, "grad_accum": 2, "steps": 2} | first))
+    folder = tempfile.mkdtemp(prefix="zero_ref_hybrid_ckpt_")
+    saved = run(mpi_pools, {**drawn, "save_to": folder})
+    history = [{"world": first["world"], "lrs": drawn["lrs"][:2], "hybrid": first["hybrid"]}]
+    resumed = run(mpi_pools, {**drawn, **second, "resume_from": folder, "history": history})
+    for result in (saved, resumed):
+        check_bitwise(result)
+        assert result["optimizer_state_bitwise"]
+    (tag,) = Path(folder).glob("step_*")
+    manifest = json.loads((tag / "manifest.json").read_text())
+    assert manifest["world_size"] == (first["hybrid"] or first["world"])
