@@ -195,7 +195,8 @@ def replay_history(oracle: Oracle, model, batches, history: list[dict], k: int) 
     step, mine, reads = 0, oracle.quantize_block, oracle.backward_reads_forward
     groups = oracle.shard_size
     for phase in history:
-        oracle.shard_size = phase.get("hybrid", groups)  # that run's groups, where named
+        size = phase.get("hybrid", groups)  # that run's groups, where named ("host": one)
+        oracle.shard_size = phase["world"] if size == "host" else size
         if "qwz" in phase:
             oracle.quantize_block = phase["qwz"]["quantize_block"] if phase["qwz"] else None
             # hpZ with qwZ: that run's backward read forward's dequantized weights
