@@ -100,12 +100,14 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
         **(case.get("overlap") or {}),  # overlap_comm, progress, prefetch_numel, ...
         **(qwz_settings(case) | qgz_settings(case)),  # one quantize_block if both
         hpz_partition_size=case.get("hpz") or 1,  # hpZ: a partition size, or "host"
+        hybrid_shard_size=case.get("hybrid"),  # hybrid sharding: a shard group size, or None
     )
     model, batches = build_model(case)
     init = init_params(model, case["seed"])
     comm = comm_for(world, cfg)
     k, w, steps = cfg.grad_accum, comm.size, []
-    oracle = Oracle.for_config(init, cfg, model) if comm.rank == 0 else None
+    shard = comm.size if cfg.hybrid_shard_size == "host" else None  # one host: G = W
+    oracle = Oracle.for_config(init, cfg, model, shard) if comm.rank == 0 else None
     first = 0
     if case.get("resume_from"):
         checkpoint = Checkpoint(case["resume_from"])
@@ -142,7 +144,7 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
     if comm.rank != 0:
         return None
     sizes = engine.precision.bytes
-    formula = formula_bytes(cfg.stage, engine.layout.full_numel, w, k, sizes)
+    formula = formula_bytes(cfg.stage, engine.layout.full_numel, engine.shard_world, k, sizes)
     return {
         "steps": steps,
         "optimizer_state_bitwise": optimizer_state_matches(state, oracle),
@@ -157,6 +159,8 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
         "full_numel": engine.layout.full_numel,
         "element_bytes": dataclasses.asdict(sizes),
         "numel": engine.layout.numel,
+        "shard_world": engine.shard_world,  # hybrid sharding: G (else the world size)
+        "hybrid_sent_bytes": engine.hybrid_sent_bytes(),  # its all-reduce across groups
         **plan(engine),
     }
 
@@ -189,7 +193,10 @@ def replay_history(oracle: Oracle, model, batches, history: list[dict], k: int) 
     """The oracle takes the saved run's steps, each at the world size it ran at (and with
     qwZ's block, when the phase names its "qwz": the saved run's, not this one's)."""
     step, mine, reads = 0, oracle.quantize_block, oracle.backward_reads_forward
+    groups = oracle.shard_size
     for phase in history:
+        size = phase.get("hybrid", groups)  # that run's groups, where named ("host": one)
+        oracle.shard_size = phase["world"] if size == "host" else size
         if "qwz" in phase:
             oracle.quantize_block = phase["qwz"]["quantize_block"] if phase["qwz"] else None
             # hpZ with qwZ: that run's backward read forward's dequantized weights
@@ -199,6 +206,7 @@ def replay_history(oracle: Oracle, model, batches, history: list[dict], k: int) 
             oracle.model_step(model, inputs, targets, lr)
             step += 1
         oracle.quantize_block, oracle.backward_reads_forward = mine, reads
+        oracle.shard_size = groups
 
 
 def consolidated_optimizer_state(engine) -> dict[str, dict[str, np.ndarray]]:

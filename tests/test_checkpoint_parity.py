@@ -23,6 +23,7 @@ from tests.test_parity import (
     TINY_UNITS,
     check_bitwise,
     hpz_allowed,
+    hybrid_allowed,
     offload_allowed,
     options,
     pinned,
@@ -50,11 +51,12 @@ def save_then_resume(mpi_pools, drawn: dict, second: dict) -> tuple[dict, dict]:
             "lrs": drawn["lrs"][:k],
             "qwz": drawn.get("qwz"),
             "hpz": drawn.get("hpz"),
+            "hybrid": drawn.get("hybrid"),  # the oracle replays the saved run's groups
         }
     ]
     resumed = {**drawn, **second, "resume_from": folder, "history": history}
-    resumed = hpz_allowed(
-        qwz_allowed(offload_allowed(resumed))
+    resumed = hybrid_allowed(
+        hpz_allowed(qwz_allowed(offload_allowed(resumed)))
     )  # the second stage may not allow the first's
     resumed["lrs"] = list(reversed(drawn["lrs"]))  # other learning rates after the resume
     return first, run(mpi_pools, resumed)

@@ -12,7 +12,10 @@ in seconds, before hypothesis explores or spends minutes shrinking."""
 
 from __future__ import annotations
 
+import json
 import math
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -98,12 +101,16 @@ def options(model: st.SearchStrategy, deterministic: bool, worlds: list[int]):
                 # hpZ: backward's gathers inside groups of this many ranks ("host": the
                 # ranks MPI says share a host, here all of them)
                 "hpz": st.sampled_from([None, 1, 2, 3, 4, "host"]),
+                # hybrid sharding: ZeRO inside groups of this many ranks, the groups
+                # all-reduced (kept where the size divides the world: 4 ranks, 2)
+                "hybrid": st.sampled_from([None, None, 1, 2, 3, 4, "host"]),
             }
         )
         .map(offload_allowed)
         .map(qwz_allowed)
         .map(qgz_allowed)
         .map(hpz_allowed)
+        .map(hybrid_allowed)
     )
 
 
@@ -176,6 +183,18 @@ def hpz_allowed(drawn: dict) -> dict:
     return drawn
 
 
+def hybrid_allowed(drawn: dict) -> dict:
+    """Hybrid sharding is stages 1-3's, its size divides the world, and config.py refuses
+    it with hpZ and with NVMe offload."""
+    size = drawn.get("hybrid")
+    if size is None:
+        return drawn
+    divides = size == "host" or drawn["world"] % size == 0  # "host": one host, G = W
+    if drawn["stage"] < 1 or not divides or drawn.get("offload"):
+        return drawn | {"hybrid": None}
+    return drawn if drawn.get("hpz") in (None, 1) else drawn | {"hybrid": None}
+
+
 def offload_allowed(drawn: dict) -> dict:
     """Offload needs a sharded optimizer (stage >= 1); parameter offload stage 3."""
     if drawn["stage"] == 0:
@@ -212,6 +231,10 @@ FP16_OVERFLOWING = {  # starts too high: the first steps overflow, skip, and hal
     "precision": "fp16",
     "loss_scale": {"initial_scale_power": 24, "hysteresis": 1, "loss_scale_window": 1},
 }
+FP16_LOW = {  # starts low enough that no step overflows: every step updates
+    "precision": "fp16",
+    "loss_scale": {"initial_scale_power": 4, "hysteresis": 1, "loss_scale_window": 1},
+}
 BF16_FP32_ACCUM = {  # bf16 gradients on the wire, summed into fp32 gradient buffers
     "precision": "bf16",
     "grad_accum_dtype": "fp32",
@@ -219,6 +242,7 @@ BF16_FP32_ACCUM = {  # bf16 gradients on the wire, summed into fp32 gradient buf
 }
 
 
+BF16 = {"precision": "bf16"}
 OFFLOAD = {"sub_group_size": 3, "buffer_count": 3}  # swap files, a pool of 3 x 3 elements
 OFFLOAD_ALL = OFFLOAD | {"offload_param": "nvme"}  # stage 3: the parameter shard too
 OVERLAP = {"overlap_comm": True}  # one unit ahead, progress by MPI_Testall
@@ -290,7 +314,7 @@ def check_loss(result: dict, steps: int | None = None) -> None:
 def check_buckets(result: dict, drawn: dict) -> None:
     """Stages 1-3 reduce-scatter each bucket once per micro-step, and stage the widest
     bucket for all ranks, never more than bucket_numel elements (stage 0: no buckets)."""
-    stage, world, k = drawn["stage"], drawn["world"], drawn["grad_accum"]
+    stage, world, k = drawn["stage"], result["shard_world"], drawn["grad_accum"]
     padded = result["unit_padded_numels"]
     align = drawn["qwz"]["quantize_block"] if drawn.get("qwz") else 1  # qwZ: whole blocks
     if drawn["model"]["model"] == "replay":
@@ -337,7 +361,7 @@ def check_comm_bytes(result: dict, drawn: dict) -> None:
         expected = expected_sent_bytes(
             drawn["stage"],
             result["unit_padded_numels"],
-            drawn["world"],
+            result["shard_world"],  # hybrid sharding: a group's schedule, as at world G
             drawn["grad_accum"],
             ElementBytes(**result["element_bytes"]),
             skipped=report["skipped"],
@@ -345,8 +369,9 @@ def check_comm_bytes(result: dict, drawn: dict) -> None:
             gathers=gathers,
             grad_blocks=result["grad_blocks"],
         )
+        expected += result["hybrid_sent_bytes"]  # and its all-reduce across the groups
         kinds = ("reduce_scatter", "reduce_scatter_int8", "allgather", "allgather_int8")
-        kinds = (*kinds, "allgather_hpz", "allreduce")
+        kinds = (*kinds, "allgather_hpz", "allreduce", "allreduce_hybrid")
         sent = sum(v["sent_bytes"] for kind, v in step.items() if kind in kinds)
         if gathers and after_skipped:
             assert sent <= expected, f"step {i}: rank 0 sent {sent} bytes, at most {expected}"
@@ -454,6 +479,15 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scope
 @example(
     drawn=pinned(TINY_UNITS, stage=3, world=4, hpz=2, offload=OFFLOAD, qwz={"quantize_block": 1})
 )
+# hybrid sharding: ZeRO in groups of 2, the gradient shard all-reduced across the groups
+@example(drawn=pinned(TINY_UNITS, stage=3, world=4, hybrid=2))
+@example(drawn=pinned(TINY_UNITS, stage=3, world=4, hybrid=2, grad_accum=3, precision=BF16))
+@example(drawn=pinned(TINY_UNITS, stage=3, world=4, hybrid=2, precision=FP16_LOW))
+@example(drawn=pinned(TINY_UNITS, stage=3, world=4, hybrid=2, clip=None, overlap=OVERLAP_DEEP))
+@example(drawn=pinned(TINY_UNITS, stage=2, world=4, hybrid=2, precision=BF16_FP32_ACCUM))
+@example(drawn=pinned(TINY_UNITS, stage=1, world=4, hybrid=2, grad_accum=1, overlap=OVERLAP))
+@example(drawn=pinned(TINY_UNITS, stage=3, world=4, hybrid=1, qwz=QWZ, qgz=QWZ))
+@example(drawn=pinned(TINY_UNITS, stage=2, world=2, hybrid="host", precision=BF16))
 def test_deterministic_replay_is_bitwise_oracle(mpi_pools, drawn):
     result = run(mpi_pools, drawn)
     check_bitwise(result)
@@ -501,6 +535,17 @@ def test_deterministic_replay_is_bitwise_oracle(mpi_pools, drawn):
         precision={"precision": "bf16"},
     )
 )
+@example(
+    drawn=pinned(
+        MLP,
+        stage=3,
+        world=4,
+        hybrid=2,
+        checkpoint_activations=True,
+        overlap=OVERLAP,
+        precision=BF16,
+    )
+)
 def test_deterministic_model_is_bitwise_oracle(mpi_pools, drawn):
     result = run(mpi_pools, drawn)
     check_bitwise(result)
@@ -533,6 +578,7 @@ def fast_tolerance(lr_sum: float) -> float:
 @example(drawn=pinned(MLP, deterministic=False, stage=1, world=3))
 @example(drawn=pinned(TINY_UNITS, deterministic=False, stage=3, world=4, bucket_numel=1))
 @example(drawn=pinned(MLP, deterministic=False, stage=3, world=3, qwz=QWZ, overlap=OVERLAP))
+@example(drawn=pinned(MLP, deterministic=False, stage=2, world=4, hybrid=2, overlap=OVERLAP))
 def test_fast_mode_within_tolerance(mpi_pools, drawn):
     result = run(mpi_pools, drawn)
     for i, step in enumerate(result["steps"]):
@@ -594,3 +640,29 @@ def test_stage3_holds_at_most_one_gathered_unit(mpi_pools):
     largest_unit_bytes = 4 * padded_numel(53, 4)
     assert result["peak_params"] == result["formula"]["params"]  # the shard, never more
     assert result["buffer_bytes"]["gathered_unit"] == largest_unit_bytes
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ({"world": 4, "hybrid": 2}, {"world": 4, "hybrid": 2}),
+        ({"world": 4, "hybrid": 2, "stage": 2}, {"world": 2, "hybrid": None, "stage": 3}),
+        ({"world": 2, "hybrid": None}, {"world": 4, "hybrid": 2}),
+    ],
+)
+def test_checkpoint_of_a_hybrid_run_resumes_and_reshards(mpi_pools, first, second):
+    """The first shard group writes a checkpoint of world size G (the others hold the
+    same state); it resumes bitwise in the same run, and reshards into another world
+    size, group size or stage, as any checkpoint does; the oracle replays the saved run
+    with its groups."""
+    drawn = pinned(MLP, **({"stage": 3, "grad_accum": 2, "steps": 2} | first))
+    folder = tempfile.mkdtemp(prefix="zero_ref_hybrid_ckpt_")
+    saved = run(mpi_pools, {**drawn, "save_to": folder})
+    history = [{"world": first["world"], "lrs": drawn["lrs"][:2], "hybrid": first["hybrid"]}]
+    resumed = run(mpi_pools, {**drawn, **second, "resume_from": folder, "history": history})
+    for result in (saved, resumed):
+        check_bitwise(result)
+        assert result["optimizer_state_bitwise"]
+    (tag,) = Path(folder).glob("step_*")
+    manifest = json.loads((tag / "manifest.json").read_text())
+    assert manifest["world_size"] == (first["hybrid"] or first["world"])

@@ -132,6 +132,7 @@ def _sample(s: Setting, key: str):
     """A value each DeepSpeed key accepts, other than the setting's default where it can."""
     samples = {"precision": True, "betas": [0.5, 0.75], "nvme_path": "/tmp/swap"}
     samples["hpz_partition_size"] = 2  # a str setting (it takes "host") whose key is an int
+    samples["hybrid_shard_size"] = 2  # the same (mics_shard_size)
     if s.dest in samples:
         return samples[s.dest]
     if s.choices is not None:

@@ -189,6 +189,14 @@ class ZeroConfig:
                   consecutive ranks, and backward's all-gathers run in the group from it;
                   "host": the groups are the ranks sharing a host (MPI's shared-memory
                   split). Values do not change (zero_ref/engine/secondary_copy.py).
+    hybrid_shard_size  stages 1-3, hybrid sharding (FSDP's HYBRID_SHARD, DeepSpeed MiCS's
+                  mics_shard_size): None is off (ZeRO over the whole world); an integer G
+                  (dividing the world size, checked by the engine) runs ZeRO inside each
+                  group of G consecutive ranks as if the world were G, the groups holding
+                  replicas, and once per step (at the accumulation boundary, as MiCS does)
+                  the reduced gradient shard is all-reduced across the groups among the
+                  ranks holding the same shard; "host": the groups are the ranks sharing a
+                  host (zero_ref/engine/hybrid.py).
     """
 
     stage: int = 2
@@ -220,6 +228,7 @@ class ZeroConfig:
     quantize_block: int = 2048
     quantized_gradients: bool = False
     hpz_partition_size: int | str = 1
+    hybrid_shard_size: int | str | None = None
 
     def __post_init__(self) -> None:
         _require(
@@ -272,6 +281,31 @@ class ZeroConfig:
         self._check_zeropp()
         self._check_hpz()
         self._check_qgz()
+        self._check_hybrid()
+
+    def _check_hybrid(self) -> None:
+        size, name = self.hybrid_shard_size, "hybrid_shard_size"
+        _require(
+            size is None or size == "host" or _positive_int(size),
+            name,
+            size,
+            "None (off), an integer >= 1 dividing the world size, or 'host'",
+        )
+        if size is None:
+            return
+        refusals = (
+            (self.stage >= 1, "None at stage 0 (stage 0 shards nothing: every rank is a "
+             "replica already; hybrid sharding needs stage 1, 2 or 3)"),
+            (self.device == "cpu", "None with device 'gpu' (built on the CPU path only)"),
+            (self.hpz_partition_size == 1, "None with hpz_partition_size != 1 (hpZ's "
+             "secondary copy and hybrid sharding each split the world into groups; a "
+             "secondary copy inside each shard group is not built)"),
+            (self.offload_optimizer != "nvme" and self.offload_param != "nvme", "None with "
+             "NVMe offload (the cross-group all-reduce runs on the gradient shard in RAM, "
+             "and a checkpoint is written by one group; with swap files neither is built)"),
+        )  # fmt: skip
+        for ok, allowed in refusals:
+            _require(ok, name, size, allowed)
 
     def _check_qgz(self) -> None:
         _require(

@@ -166,6 +166,18 @@ def hpz_group_of(cfg, world_size: int, ranks_per_host: int | None = None) -> int
     return int(size)
 
 
+def shard_world_of(cfg, world_size: int, ranks_per_host: int | None = None) -> int:
+    """The ranks one copy of the model states is sharded over: the world, or with hybrid
+    sharding (cfg.hybrid_shard_size) its group of G; every formula here then counts as
+    at world size G. "host" as hpz_group_of reads it (an estimate before launch: one host)."""
+    size = getattr(cfg, "hybrid_shard_size", None)
+    if size is None:
+        return world_size
+    if size == "host":
+        return ranks_per_host or world_size
+    return int(size)
+
+
 def overlap_buffers(
     unit_numels: Sequence[int], cfg, hpz_group: int | None = None
 ) -> OverlapBuffers:

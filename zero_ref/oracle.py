@@ -38,6 +38,12 @@ zero_ref/layout/buckets.py) and every destination row of every bucket is quantiz
 and dequantized in the blocks of zero_ref/layout/grad_blocks.py, before the rank-order
 sum: s_j = q(g[j][0]) + q(g[j][1]) + ... in float32, rounded once.
 
+With hybrid sharding (`shard_size` G: FSDP's HYBRID_SHARD, DeepSpeed's MiCS) the sum is
+the engine's two levels: each group of G consecutive ranks sums its own, micro-step by
+micro-step as above (acc_g, rounded to the gradients' dtype), and the groups' sums are
+then added in group order in float32 and rounded once (the cross-group all-reduce of
+zero_ref/engine/hybrid.py, at the accumulation boundary): acc = acc_0 + acc_1 + ...
+
 The deterministic engine reproduces this bit for bit at every stage and world
 size; the fast engine agrees within the tolerance in docs/determinism.md.
 """
@@ -119,6 +125,7 @@ class Oracle:
         checkpoint_activations: bool = False,
         gradient_blocks: GradientBlocks | None = None,
         backward_reads_forward: bool = False,
+        shard_size: int | None = None,
     ) -> None:
         self.names = list(init_params)
         self.shapes = [np.shape(init_params[k]) for k in self.names]
@@ -138,17 +145,29 @@ class Oracle:
         self.gradient_blocks = gradient_blocks  # qgZ's (None: gradients summed as they are)
         # hpZ with qwZ: backward reads forward's dequantized weights (the secondary copy)
         self.backward_reads_forward = backward_reads_forward
+        self.shard_size = shard_size  # hybrid sharding's group size G (None: one group)
         self.step_count = 0
         self.last_grad_norm = float("nan")
         self.last_skipped = False
         self.last_detail: StepDetail | None = None
 
     @classmethod
-    def for_config(cls, init_params: NamedArrays, cfg: ZeroConfig, model: Model | None = None):
+    def for_config(
+        cls,
+        init_params: NamedArrays,
+        cfg: ZeroConfig,
+        model: Model | None = None,
+        shard_size: int | None = None,
+    ):
         """The oracle of an engine configured by `cfg` (its optimizer, clipping, precision);
-        with quantized_gradients the model too (qgZ's blocks follow its units)."""
+        with quantized_gradients the model too (qgZ's blocks follow its units); with
+        hybrid_shard_size "host", `shard_size`: the ranks a host holds (the engine's
+        shard_world)."""
         if cfg.quantized_gradients and model is None:
             raise ValueError("quantized_gradients: the oracle needs the model (its units)")
+        hybrid = cfg.hybrid_shard_size
+        if hybrid == "host" and shard_size is None:
+            raise ValueError("hybrid_shard_size 'host': the oracle needs shard_size (G)")
         blocks = GradientBlocks.for_model(model, cfg) if cfg.quantized_gradients else None
         return cls(
             init_params,
@@ -163,6 +182,7 @@ class Oracle:
             cfg.checkpoint_activations,
             blocks,
             cfg.quantized_weights and cfg.hpz_partition_size != 1,
+            None if hybrid is None else (shard_size if hybrid == "host" else int(hybrid)),
         )
 
     def loss_scale(self) -> float | None:
@@ -242,7 +262,9 @@ class Oracle:
         k, world = len(grads), len(grads[0])
         acc = np.empty_like(self.params)
         abs_sum = np.zeros_like(self.params)  # only for StepDetail: not part of the step
-        for j, per_rank in enumerate(grads):
+        if self.shard_size is not None:
+            acc = self._summed_in_groups(grads, abs_sum)
+        for j, per_rank in enumerate(grads if self.shard_size is None else ()):
             rows = np.stack([self._flatten(g) for g in per_rank])  # (W, numel)
             rows = rounded(rounded(rows, self.grad_dtype), self.comm_dtype)  # stored, sent
             if self.gradient_blocks is not None:
@@ -269,6 +291,26 @@ class Oracle:
         adamw_reference(self.params, g, self.exp_avg, self.exp_avg_sq, s)
         self.last_detail = StepDetail(abs_sum / (world * k), g, float(coef), s, world, k)
         return self.parameters()
+
+    def _summed_in_groups(self, grads, abs_sum: np.ndarray) -> np.ndarray:
+        """Hybrid sharding's sum: per group of G consecutive ranks the micro-steps' sums
+        (each its ranks in rank order), then the groups added in group order in float32
+        and rounded once to the gradients' dtype."""
+        world, size = len(grads[0]), self.shard_size
+        if size < 1 or world % size:
+            raise ValueError(f"shard_size {size} does not divide the {world} ranks")
+        group_accs = np.empty((world // size, self.params.size), np.float32)
+        for j, per_rank in enumerate(grads):
+            rows = np.stack([self._flatten(g) for g in per_rank])  # (W, numel)
+            rows = rounded(rounded(rows, self.grad_dtype), self.comm_dtype)  # stored, sent
+            abs_sum += np.abs(rows).sum(axis=0)
+            for g in range(world // size):
+                mine = rows[g * size : (g + 1) * size]
+                if self.gradient_blocks is not None:
+                    mine = self._through_int8(mine)  # qgZ inside the group, at G ranks
+                s_jg = rounded(sum_in_rank_order(mine, np.empty_like(self.params)), self.grad_dtype)
+                group_accs[g] = s_jg if j == 0 else rounded(group_accs[g] + s_jg, self.grad_dtype)
+        return rounded(sum_in_rank_order(group_accs, np.empty_like(self.params)), self.grad_dtype)
 
     def _through_int8(self, rows: np.ndarray) -> np.ndarray:
         """Each rank's row (W, numel) as qgZ's destinations dequantize it: laid into the

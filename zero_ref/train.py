@@ -203,11 +203,20 @@ def first_line(parsed: Parsed, job: Prepared, engine) -> str:
     """The run's first line: version, model, stage, ranks, sizes, mode and corpus."""
     run, zero, tokens = parsed.run, parsed.zero, job.tokens
     return (
-        f"zero_ref {__version__}: {run.model}, stage {zero.stage}, {engine.world} ranks, "
+        f"zero_ref {__version__}: {run.model}, stage {zero.stage}, {engine.world} ranks"
+        f"{_hybrid_phrase(engine)}, "
         f"{engine.layout.numel:,} parameters, vocab {job.vocab.size}, "
         f"{'deterministic' if zero.deterministic else 'fast'} mode; corpus {tokens.size:,} "
         f"characters, unigram entropy {unigram_entropy(tokens):.3f} nats/char"
     )
+
+
+def _hybrid_phrase(engine) -> str:
+    """With hybrid sharding: how the ranks are grouped (engine/hybrid.py)."""
+    if engine.cfg.hybrid_shard_size is None:
+        return ""
+    groups = engine.replicas.replicas
+    return f" (hybrid sharding: {groups} groups of {engine.shard_world}, replicated)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

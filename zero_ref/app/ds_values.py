@@ -97,6 +97,16 @@ def _beta(key: str, v: Any) -> float:
     return float(v)
 
 
+def shard_size(key: str, v: Any) -> int | None:
+    """zero_optimization.mics_shard_size: DeepSpeed's -1 (its default) is off, None here;
+    else an integer >= 1 (deepspeed/runtime/zero/config.py, DeepSpeedZeroConfig)."""
+    if v == -1 and not isinstance(v, bool):
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(f"config {key} = {v!r}: must be -1 (off) or an integer >= 1")
+    return v
+
+
 def offload_device(key: str, v: Any) -> str:
     """An offload block's device; "cpu" for parameters is reported by ds_config."""
     if v not in ("none", "nvme", "cpu"):

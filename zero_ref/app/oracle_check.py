@@ -65,7 +65,8 @@ class OracleCheck:
         with engine.comm.ledger.off_the_books():
             state = self._state_on_root()
         if engine.rank == 0:
-            self.oracle = Oracle.for_config(state["param"], cfg, model)
+            shard = engine.shard_world  # hybrid sharding's groups ("host": as MPI split them)
+            self.oracle = Oracle.for_config(state["param"], cfg, model, shard)
             self.oracle.load_state(
                 state["param"], state["exp_avg"], state["exp_avg_sq"], engine.step_count
             )

@@ -29,6 +29,7 @@ from zero_ref.memory_formulas import (
     mlp_activation_bytes,
     offload_buffer_bytes,
     overlap_buffers,
+    shard_world_of,
 )
 from zero_ref.models.gpt import GPT
 from zero_ref.models.mlp import CharMLP
@@ -123,8 +124,10 @@ def estimate_rank(
     the gradient shard: grads_on_disk), and RAM holds the pool of buffer_count x
     offload_pool_rows sub-groups instead, and the gradient's landing strip; with
     offload_param (stage 3) the parameter shard is on disk too; overlap_cfg (a
-    ZeroConfig): the buffers --overlap-comm and stage 3's prefetch plan add."""
-    layout = model_layout(model, world, 1 if overlap_cfg is None else layout_align(overlap_cfg))
+    ZeroConfig): the buffers --overlap-comm and stage 3's prefetch plan add; with its
+    hybrid_shard_size, the states are a shard group's, as at world size G."""
+    shard = world if overlap_cfg is None else shard_world_of(overlap_cfg, world)
+    layout = model_layout(model, shard, 1 if overlap_cfg is None else layout_align(overlap_cfg))
     states = state_bytes(layout, stage, bucket_numel, grad_accum, sizes, overlap_cfg)
     if offload_pool is not None and stage >= 1:
         sub_group, count = offload_pool

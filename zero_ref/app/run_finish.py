@@ -73,7 +73,7 @@ def report_tables(parsed: Parsed, engine, reports: list[dict]) -> str:
     """Rank 0's end-of-run tables: memory held against the formulas, the real resident
     memory against the ledger, and the last step's bytes sent against the paper's."""
     zero, layout, sizes = parsed.zero, engine.layout, engine.precision.bytes
-    numel, world, k = layout.full_numel, engine.world, zero.grad_accum
+    numel, world, k = layout.full_numel, engine.shard_world, zero.grad_accum  # hybrid: G
     unit_numels = [u.padded_numel for u in layout.units]
     return "\n".join(
         [
@@ -89,8 +89,21 @@ def report_tables(parsed: Parsed, engine, reports: list[dict]) -> str:
                 engine.gathers(),
                 _qgz_blocks(zero, unit_numels, world),
             ),  # fmt: skip
+            *_hybrid_lines(engine),
         ]
     )
+
+
+def _hybrid_lines(engine) -> list[str]:
+    """Hybrid sharding: the schedule above is one shard group's; the all-reduce across
+    the groups comes on top (ledger kind allreduce_hybrid)."""
+    if engine.cfg.hybrid_shard_size is None:
+        return []
+    return [
+        f"hybrid sharding: ZeRO inside groups of {engine.shard_world} ranks (the lines "
+        f"above), plus {engine.hybrid_sent_bytes():,} bytes per rank per step across the "
+        f"{engine.replicas.replicas} groups (allreduce_hybrid)"
+    ]
 
 
 def final_record(
@@ -98,7 +111,7 @@ def final_record(
 ) -> dict:
     """The --log-jsonl's last record: the run, the formulas, and every rank's ledgers."""
     run, zero = parsed.run, parsed.zero
-    numel, world, k = engine.layout.full_numel, engine.world, zero.grad_accum
+    numel, world, k = engine.layout.full_numel, engine.shard_world, zero.grad_accum
     unit_numels = [u.padded_numel for u in engine.layout.units]
     sizes = engine.precision.bytes
     return {
@@ -106,7 +119,8 @@ def final_record(
         "model": run.model,
         "unigram_entropy": unigram_entropy(tokens),  # nats/char: ignoring context
         "stage": zero.stage,
-        "world_size": world,
+        "world_size": engine.world,
+        "shard_world_size": world,  # hybrid sharding's group size (else the world's)
         "numel_padded": numel,
         "precision": zero.precision,
         "element_bytes": dataclasses.asdict(sizes),
@@ -121,7 +135,8 @@ def final_record(
             sizes,
             gathers=_qwz_gathers(engine),
             grad_blocks=_qgz_blocks(zero, unit_numels, world),
-        ),
+        )
+        + engine.hybrid_sent_bytes(),
         "skipped_steps": skipped,
         "loss_scale": engine.loss_scale(),
         "ranks": reports,

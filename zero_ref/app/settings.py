@@ -44,6 +44,19 @@ def _hpz_to_config(value: str | int, _: Any) -> int | str:
         ) from None
 
 
+def _hybrid_to_config(value: str | int | None, _: Any) -> int | str | None:
+    """--hybrid-shard-size: 'host', an integer, or nothing (off)."""
+    if value is None or value == "host" or isinstance(value, int):
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(
+            f"--hybrid-shard-size {value!r}: allowed are an integer >= 1 dividing the world "
+            "size, or 'host'"
+        ) from None
+
+
 def _accum_to_config(value: str | None, s: Any) -> str | None:
     return None if value == s["precision"] else value  # naming the precision is its default
 
@@ -100,6 +113,16 @@ ENGINE = (
             allowed="an integer >= 1 dividing the world size, or 'host'",
             ds=(ZO + "zero_hpz_partition_size",), ds_parse=dv.integer(1),
             feeds=Z + "hpz_partition_size", to_config=_hpz_to_config),
+    Setting("hybrid_shard_size", "engine", "stages 1-3, hybrid sharding (FSDP's "
+            "HYBRID_SHARD, DeepSpeed's MiCS): ZeRO inside groups of this many consecutive "
+            "ranks ('host': the ranks sharing a host), the groups replicas of one another, "
+            "the gradient shard all-reduced across the groups once per step "
+            "(docs/zeropp.md). Unset: ZeRO over the whole world",
+            str, minimum=1, cli_range=False,
+            allowed="an integer >= 1 dividing the world size, or 'host'",
+            ds=(ZO + "mics_shard_size",), ds_parse=dv.shard_size,
+            feeds=Z + "hybrid_shard_size", to_config=_hybrid_to_config,
+            default_text="unset (off; DeepSpeed's -1)"),
 )
 PRECISION = (
     Setting("precision", "precision", "fp16/bf16: 16-bit parameters and gradients, fp32 "

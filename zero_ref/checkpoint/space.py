@@ -57,10 +57,11 @@ def save_bytes(engine, step: int, training: dict[str, Any], block: int) -> int:
     file_bytes = rank_file_bytes(engine.layout.shard_numel)
     files = [
         {"rank": r, "file": rank_file_name(r), "bytes": file_bytes, "crc32": LARGEST_CRC32}
-        for r in range(engine.world)
+        for r in range(engine.layout.world_size)
     ]
     manifest = json.dumps(build_manifest(engine, step, files, training), indent=1).encode()
-    return engine.world * in_blocks(file_bytes, block) + in_blocks(len(manifest), block) + 2 * block
+    files_bytes = engine.layout.world_size * in_blocks(file_bytes, block)
+    return files_bytes + in_blocks(len(manifest), block) + 2 * block
 
 
 def reclaimable_bytes(directory: Path) -> int:
@@ -107,7 +108,7 @@ def _measure(engine, directory: Path, step, training, free_bytes) -> tuple[int, 
         return need, None
     return need, (
         f"--save-dir {directory}: {free:,} bytes free, a checkpoint after step {step} needs "
-        f"{need:,} ({engine.world} rank files of "
+        f"{need:,} ({engine.layout.world_size} rank files of "
         f"{rank_file_bytes(engine.layout.shard_numel):,} bytes and the manifest); the "
         "checkpoints already there are kept: free space or give another --save-dir"
     )

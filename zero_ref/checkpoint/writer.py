@@ -15,6 +15,10 @@ A kill before step 3's rename leaves only a hidden .partial folder; a kill
 between the rename and step 4 leaves `latest` naming the previous tag. Either
 way the previous checkpoint stays loadable. With --trace, each rank's file, the
 manifest and the publishing are events on the "checkpoint" lane, with their bytes.
+
+With hybrid sharding the first shard group writes: its G files hold the whole model, a
+checkpoint of world size G; the other groups hold the same state and write nothing, so
+any run (any world size, hybrid or not) can resume from it or reshard it.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ def save_checkpoint(
     directory/step_{step}/ (a collective; rank 0's result is complete). `training`
     is the caller's record of the run's position and config (plain JSON data)."""
     comm, rank = engine.comm, engine.rank
+    writes = engine.replicas.group_index == 0  # hybrid sharding: one group's files
     directory, tag = Path(directory), tag_for(step)
     partial = directory / f".{tag}.partial"
     t0 = time.perf_counter()
@@ -81,10 +86,12 @@ def save_checkpoint(
         partial.mkdir()
     comm.mpi.Barrier()  # the folder exists before anyone writes into it
     trace = getattr(engine, "trace", None)  # --trace: each file written, with its bytes
-    with _traced(trace, f"write {rank_file_name(rank)}", step=step) as args:
-        mine = write_rank_file(engine, partial / rank_file_name(rank))
-        args["bytes"] = mine["bytes"]
-    entries = comm.mpi.gather(mine, root=0)
+    mine, name = None, rank_file_name(engine.shard_rank)
+    if writes:
+        with _traced(trace, f"write {name}", step=step) as args:
+            mine = write_rank_file(engine, partial / name)
+            args["bytes"] = mine["bytes"]
+    entries = [e for e in comm.mpi.gather(mine, root=0) or () if e is not None]
     result = SaveResult(directory / tag, 0, 0.0, removed)
     if rank == 0:
         manifest = json.dumps(build_manifest(engine, step, entries, training), indent=1).encode()
@@ -115,7 +122,7 @@ def write_rank_file(engine, path: Path) -> dict[str, Any]:
             _write_state(engine, writer, kind)
     engine.release_offloaded()  # offloaded state was read through its mappings
     return {
-        "rank": engine.rank,
+        "rank": engine.shard_rank,
         "file": path.name,
         "bytes": writer.nbytes,
         "crc32": writer.crc32,
@@ -143,7 +150,7 @@ def build_manifest(engine, step: int, files: list[dict], training: dict[str, Any
         "tag": tag_for(step),
         "step": step,
         "optimizer_steps": engine.step_count,
-        "world_size": engine.world,
+        "world_size": engine.layout.world_size,  # the files' (hybrid sharding: one group's)
         "stage": engine.stage,
         "dtype": "float32",  # with fp16/bf16: the float32 master weights, not their rounding
         "precision": engine.cfg.precision,

@@ -6,8 +6,9 @@ Chosen once: the placement of model-sized arrays (RAM or device: placement_for),
 host placement (ZeRO-Offload's RAM), the compute of the update (compute_for), the
 precision (engine/precision.py: dtypes, widening and rounding, master weights, loss
 scaling), the collective schedule (engine/collective_schedule.py), the swap folder and
-the optimizer-state store (engine/stores.py), and the hooks tools act at
-(engine/hooks.py). The step itself is engine/step.py; checkpoint I/O engine/state_io.py.
+the optimizer-state store (engine/stores.py), the Comm the stages shard over (the
+world, or with hybrid sharding a group of it: engine/hybrid.py), and the hooks tools
+act at (engine/hooks.py). The step itself is engine/step.py; checkpoint I/O engine/state_io.py.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from zero_ref.config import ZeroConfig
 from zero_ref.engine.collective_schedule import schedule_for
 from zero_ref.engine.compute import compute_for
 from zero_ref.engine.hooks import EngineHooks
+from zero_ref.engine.hybrid import replica_sent_bytes, replicas_for
 from zero_ref.engine.init_source import InitSource, as_init_source
 from zero_ref.engine.memory import MemoryLedger
 from zero_ref.engine.placement import HostPlacement, placement_for
@@ -63,7 +65,11 @@ class EngineBase(SharedStep, StateIO):
         self.model, self.cfg, self.comm = model, cfg, comm
         self.hooks = hooks or EngineHooks()  # named points for tools (engine/hooks.py)
         self.world, self.rank = comm.size, comm.rank
-        self.layout: FlatLayout = model_layout(model, comm.size, layout_align(cfg))
+        # hybrid sharding: the stages shard over a group of the world (engine/hybrid.py)
+        self.replicas = replicas_for(cfg, comm)
+        self.shard_comm = self.replicas.shard
+        self.shard_world, self.shard_rank = self.shard_comm.size, self.shard_comm.rank
+        self.layout: FlatLayout = model_layout(model, self.shard_world, layout_align(cfg))
         self.memory = MemoryLedger()
         self.place = placement_for(cfg.device, self.memory, self.where)  # model-sized arrays
         self.host_place = HostPlacement(self.memory)  # RAM, whatever the device (ZeRO-Offload)
@@ -76,7 +82,7 @@ class EngineBase(SharedStep, StateIO):
         self.step_count = 0
         self.trace = None  # a zero_ref.io.trace.Trace (--trace): units and the update, timed
         _check_comm_matches(comm, cfg)
-        self.schedule = schedule_for(cfg, comm)  # when collectives are issued, waited for
+        self.schedule = schedule_for(cfg, self.shard_comm)  # when collectives are waited for
         self.swap = swap_for(
             cfg, self.stage, self._optimizer_numel(), self.precision.bytes, self.rank,
             self.memory, comm.mpi,
@@ -148,6 +154,7 @@ class EngineBase(SharedStep, StateIO):
         and remove the swap files (a clean end of the run)."""
         self.settle()
         self.schedule.close()
+        self.replicas.close()
         self.optimizer_store.close()
         self.swap.close()
 
@@ -179,6 +186,12 @@ class EngineBase(SharedStep, StateIO):
         """Stage 3's all-gathers of each unit per step where its plan holds more than one
         unit (prefetch buffers, persistent units); None: the paper's one at a time."""
         return None
+
+    def hybrid_sent_bytes(self) -> int:
+        """Bytes this rank sends per step in hybrid sharding's all-reduce across the shard
+        groups (ledger kind allreduce_hybrid; 0 without hybrid sharding)."""
+        numels = [grad.size for _, grad, _, _, _ in self.owned_slices()]
+        return replica_sent_bytes(numels, self.replicas.replicas, self.precision.bytes.grad)
 
     def memory_report(self) -> dict:
         """The memory ledger as plain data: bytes by category in RAM, on disk, on the

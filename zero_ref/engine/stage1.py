@@ -44,7 +44,8 @@ class Stage1OptimizerSharded(Stage0DataParallel):
             whole = np.empty(unit.padded_numel, np.float32)  # one unit, for a moment
             source.fill_unit(unit, whole, 0, unit.padded_numel)
             self.place.round_into(self.full_params[unit.full_slice()], whole)
-            self.place.copy_in(self.master[unit.shard_slice()], rank_rows(whole, unit)[self.rank])
+            mine = rank_rows(whole, unit)[self.shard_rank]
+            self.place.copy_in(self.master[unit.shard_slice()], mine)
             self.release_pages(self.master[unit.shard_slice()])
 
     def _init_grads(self) -> None:
@@ -66,7 +67,7 @@ class Stage1OptimizerSharded(Stage0DataParallel):
             self.shard_grads = landing.array
         else:
             landing = RowsOfFullGradient(
-                self.layout, self.full_grads, self.rank, self.place, plan.widest()
+                self.layout, self.full_grads, self.shard_rank, self.place, plan.widest()
             )
         self._make_buckets(plan, landing)
 
@@ -119,7 +120,7 @@ class Stage1OptimizerSharded(Stage0DataParallel):
             if unit.shard_numel == 0:
                 continue
             s = unit.shard_slice()
-            param = rank_rows(self.full_params[unit.full_slice()], unit)[self.rank]
+            param = rank_rows(self.full_params[unit.full_slice()], unit)[self.shard_rank]
             master = self.precision.owned_master(param, self.master, s)
             grad = self._owned_grad(unit)
             owned.append((param, grad, master, self.exp_avg[s], self.exp_avg_sq[s]))
@@ -129,10 +130,10 @@ class Stage1OptimizerSharded(Stage0DataParallel):
         """This rank's reduced gradient slice of `unit`."""
         if self.shard_grads is not None:
             return self.shard_grads[unit.shard_slice()]
-        return rank_rows(self.full_grads[unit.full_slice()], unit)[self.rank]
+        return rank_rows(self.full_grads[unit.full_slice()], unit)[self.shard_rank]
 
     def norm_comm(self) -> Comm | None:
-        return self.comm
+        return self.shard_comm  # with hybrid sharding every group holds the whole sum
 
     def after_update(self) -> None:
         """Every unit's updated blocks to every rank: one all-gather per unit (its rows

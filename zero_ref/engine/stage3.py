@@ -80,7 +80,7 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
             return None
         lanes, wide = len(self.gathered.slots), self.layout.widest_unit_numel
         return QuantizedGather(
-            self.place, lanes, wide // self.world, self.world, self.cfg.quantize_block
+            self.place, lanes, wide // self.shard_world, self.shard_world, self.cfg.quantize_block
         )
 
     def _secondary_copy(self) -> SecondaryCopy | None:
@@ -101,7 +101,7 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
         parameters; an offloaded slice leaves RAM before the next unit is filled."""
         for unit in self.layout.units:
             lo, mine = (
-                shard_range(unit.padded_numel, self.rank, self.world).offset,
+                shard_range(unit.padded_numel, self.shard_rank, self.shard_world).offset,
                 unit.shard_slice(),
             )
             self._fill(source, unit, self.master[mine], lo, lo + unit.shard_numel)

@@ -28,6 +28,8 @@ class StateIO:
         """Hand rank 0 each unit's padded range of each state buffer in `kinds`
         ("param", "exp_avg", "exp_avg_sq"), unit after unit: sink(kind, unit, flat)
         runs on rank 0 alone. A collective; no rank ever holds a full-size copy
+        (with hybrid sharding each shard group gathers to its first rank; rank 0's
+        group is the one that hands it on)
         (a buffer this rank keeps whole is lent as a view, a sharded one is
         gathered one unit at a time into a landing buffer on rank 0 only)."""
         self.settle()
@@ -40,11 +42,12 @@ class StateIO:
                 if whole is not None:
                     flat = whole[unit.full_slice()]  # lent as a view: no copy
                 else:
-                    if self.rank == 0 and landing is None:
+                    if self.shard_rank == 0 and landing is None:
                         landing = lend()
                     flat = None if landing is None else landing[: unit.padded_numel]
                     if unit.padded_numel:
-                        self.comm.gather_to_root(shard[unit.shard_slice()], flat, "consolidate")
+                        mine = shard[unit.shard_slice()]
+                        self.shard_comm.gather_to_root(mine, flat, "consolidate")
                     self.release_pages(shard[unit.shard_slice()])
                 if self.rank == 0:
                     sink(kind, unit, self.place.to_host(flat))  # host memory: a device's copied
@@ -59,7 +62,7 @@ class StateIO:
         self.settle()
         whole, shard = self.state_buffers(kind)
         if whole is not None:
-            return self.place.to_host(rank_rows(whole[unit.full_slice()], unit)[self.rank])
+            return self.place.to_host(rank_rows(whole[unit.full_slice()], unit)[self.shard_rank])
         return self.place.to_host(shard[unit.shard_slice()])
 
     def load_state(self, kind: str, source: InitSource) -> None:
@@ -76,7 +79,7 @@ class StateIO:
                 if whole is not None:
                     self._fill(source, unit, whole[unit.full_slice()], 0, unit.padded_numel)
                 else:
-                    lo = shard_range(unit.padded_numel, self.rank, self.world).offset
+                    lo = shard_range(unit.padded_numel, self.shard_rank, self.shard_world).offset
                     self._fill(source, unit, shard[unit.shard_slice()], lo, lo + unit.shard_numel)
                     self.release_pages(shard[unit.shard_slice()])
         self.release_offloaded()

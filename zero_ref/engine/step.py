@@ -143,6 +143,7 @@ class SharedStep:
         owned = self.compute.owned_for_update(self.owned_slices())
         divisor = self._grad_divisor()
         grads = [g for _, g, _, _, _ in owned]
+        self.replicas.allreduce(grads)  # hybrid sharding: summed across the shard groups
         norm = self._grad_norm(grads, divisor)
         skip = not math.isfinite(norm) and self._skip_nonfinite(grads)
         self.scaler = self.precision.next_scaler(self.cfg.loss_scale, self.scaler, skip)
@@ -180,7 +181,7 @@ class SharedStep:
         """Find the first NaN/Inf over all ranks; with fp16 (an overflow) or the "skip"
         policy return True, else ("raise") raise an error naming the parameter."""
         full_index = locate_nonfinite(
-            grads, self.layout, self.rank, self.norm_comm(), self._first_nonfinite
+            grads, self.layout, self.shard_rank, self.norm_comm(), self._first_nonfinite
         )
         if full_index is None:
             return False  # finite gradients whose float32 norm overflowed: step as before

@@ -16,11 +16,12 @@ def full_parameters(engine) -> dict[str, np.ndarray]:
     whole, shard = engine.state_buffers("param")
     if whole is not None:
         return unpack_full(engine.place.to_host(whole), engine.layout)
-    engine.comm.set_context(where="consolidate")
+    comm = engine.shard_comm  # hybrid sharding: the group holding one copy
+    comm.set_context(where="consolidate")
     full = np.empty(engine.layout.full_numel, shard.dtype)
     for unit in engine.layout.units:
         if unit.padded_numel:
             send = shard[unit.shard_slice()]
-            engine.comm.allgather(send, full[unit.full_slice()], kind="consolidate")
+            comm.allgather(send, full[unit.full_slice()], kind="consolidate")
     engine.release_offloaded()  # the master weights were read through their mapping
     return unpack_full(full, engine.layout)
