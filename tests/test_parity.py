@@ -456,7 +456,8 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scope
     )
 )
 @example(drawn=pinned(TINY_UNITS, stage=3, world=3, qwz=QWZ, qgz=QWZ, overlap=QWZ_PREFETCH))
-# qgZ in int4: odd bucket widths (a padding nibble), blocks starting at odd columns
+# qgZ in int4: odd bucket widths (a padding nibble), blocks starting at odd columns; with
+# qwZ, hpZ and overlap together in bf16
 @example(drawn=pinned(TINY_UNITS, bucket_numel=64, stage=3, world=3, grad_accum=3, qgz=QGZ4))
 @example(
     drawn=pinned(TINY_UNITS, stage=2, world=4, bucket_numel=17, qgz=QGZ4, precision=BF16_FP32_ACCUM)
@@ -464,22 +465,14 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scope
 @example(
     drawn=pinned(
         TINY_UNITS,
+        bucket_numel=64,
         stage=3,
-        world=2,
-        bucket_numel=17,
-        qgz=QGZ4,
+        world=4,
+        qwz=QWZ,
+        qgz=QWZ | {"bits": 4},
+        hpz=2,
         overlap=OVERLAP,
         precision={"precision": "bf16"},
-    )
-)
-@example(
-    drawn=pinned(
-        TINY_UNITS, bucket_numel=64, stage=3, world=4, qgz=QGZ4, precision=FP16_OVERFLOWING
-    )
-)
-@example(
-    drawn=pinned(
-        TINY_UNITS, bucket_numel=64, stage=3, world=3, qwz=QWZ, qgz=QWZ | {"bits": 4}, hpz=3
     )
 )
 # hpZ: backward (and later micro-steps' forwards) gathered in groups from the secondary copy

@@ -162,7 +162,7 @@ def test_int4_kernel_equals_twin_at_awkward_sizes(n):
         assert packed[-1] >> 4 == 0, "an odd row's padding nibble is 0"
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     x=st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), min_size=1, max_size=40),
     seed=st.integers(0, 2**16),
