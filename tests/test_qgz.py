@@ -202,6 +202,7 @@ def test_int4_subnormal_scales_clip_to_7():
     amax / 7, |x / scale| then passes 7.5, and the level is clipped to 7 (never 8 or -8);
     an amax below 7 * 2^-150 gives scale 0, the block 0."""
     tiny = np.float32(2.0**-149)
+    clipped = 0
     for amax_steps in range(1, 200):
         x = np.array([amax_steps, -amax_steps, 1, 0, amax_steps // 2], np.float32) * tiny
         packed, s, back = assert_twins4(x, np.array([0], np.int64))
@@ -209,6 +210,10 @@ def test_int4_subnormal_scales_clip_to_7():
         assert np.all(np.abs(q) <= 7)
         if s[0] == 0:
             assert np.all(back == 0) and amax_steps < 4  # amax / 7 rounds to 0 below 3.5 tiny
+        elif amax_steps / (float(s[0]) / float(tiny)) >= 7.5:  # rint would give 8
+            assert q[0] == 7 and q[1] == -7
+            clipped += 1
+    assert clipped > 0, "no subnormal scale was rounded far enough down to need the clip"
 
 
 def test_int4_a_non_finite_block_sends_a_nan_scale():
