@@ -54,20 +54,30 @@ def qwz_error(*results: Result) -> str:
 
 def qgz_error(*results: Result) -> str:
     """qgZ: max |g - g'| / amax per gradient block, its mean, the RMS error, and the
-    summed gradient's relative L2 error, per recorded run of scripts/qgz_error.py."""
-    rows = [
-        [
-            f"after {r.data['steps']} steps" if r.data["steps"] else "initial parameters",
-            f"{r.data['blocks']:,} of <= {r.data['block']}",
-            f"{r.data['max_rel_error']:.7f}",
-            f"{r.data['mean_rel_error']:.7f}",
-            f"{r.data['mean_rms_rel_error']:.5f}",
-            f"{100 * r.data['summed_grad_rel_l2_error']:.2f} %",
-        ]
-        for r in results
-    ]
+    summed gradient's relative L2 error, in int8 and (where recorded) int4, per recorded
+    run of scripts/qgz_error.py."""
+    rows = []
+    for r in results:
+        when = f"after {r.data['steps']} steps" if r.data["steps"] else "initial parameters"
+        if r.data.get("trained_bits") == 4:
+            when += " in int4"
+        for bits, f in ((8, r.data), (4, r.data.get("int4"))):
+            if f is None:
+                continue
+            rows.append(
+                [
+                    when,
+                    f"int{bits}",
+                    f"{f['blocks']:,} of <= {r.data['block']}",
+                    f"{f['max_rel_error']:.7f}",
+                    f"{f['mean_rel_error']:.7f}",
+                    f"{f['mean_rms_rel_error']:.5f}",
+                    f"{100 * f['summed_grad_rel_l2_error']:.2f} %",
+                ]
+            )
     header = [
         f"gradients ({results[0].data['world']} ranks)",
+        "sent as",
         "blocks",
         "max err / amax",
         "mean per-block max",

@@ -3,13 +3,14 @@
     python scripts/qgz_error.py [--world 4] [--steps 20] [--record [NAME]] [-- train flags]
 
 The default GPT (or the flags after --) trained for --steps steps by the single-rank
-oracle with qgZ (zero_ref/oracle.py: exactly what the engine computes), then one more
-step's gradients of each of the --world ranks, laid out as the engine's buckets see
-them (zero_ref/layout/grad_blocks.py's blocks of --quantize-block) and quantized per
-destination block. Per block: max |g - g'| / amax (the bound is half an int8 step,
-0.5 / 127) and the RMS over amax; and for the summed gradient (what the optimizer
-gets) the relative L2 error ||sum q(g_r) - sum g_r|| / ||sum g_r||. Prints a table,
-then one JSON line.
+oracle with qgZ (zero_ref/oracle.py: exactly what the engine computes; int8 unless the
+flags say --quantized-gradient-bits 4), then one more step's gradients of each of the
+--world ranks, laid out as the engine's buckets see them (zero_ref/layout/grad_blocks.py's
+blocks of --quantize-block) and quantized per destination block, in int8 and in int4,
+the same gradients. Per block: max |g - g'| / amax (the bound is half a step: 0.5 / 127
+in int8, 0.5 / 7 in int4) and the RMS over amax; and for the summed gradient (what the
+optimizer gets) the relative L2 error ||sum q(g_r) - sum g_r|| / ||sum g_r||. Prints a
+table, then one JSON line (int8's figures at the top level, as before; "int4" beside).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from zero_ref.layout.flat import build_layout, rank_rows
 from zero_ref.layout.grad_blocks import bucket_block_starts
 from zero_ref.models.unit import init_params
 from zero_ref.oracle import Oracle
-from zero_ref.quantize import quantized_rows
+from zero_ref.quantize import LEVELS, quantized_rows
 
 
 def shard_matrix(oracle: Oracle, layout, row: np.ndarray) -> np.ndarray:
@@ -38,9 +39,9 @@ def shard_matrix(oracle: Oracle, layout, row: np.ndarray) -> np.ndarray:
     return np.concatenate([rank_rows(full[u.full_slice()], u) for u in layout.units], axis=1)
 
 
-def block_errors(matrix: np.ndarray, layout, bucket_numel: int, block: int):
-    """Per block (every destination row of every bucket): max err / amax, RMS / amax;
-    and the dequantized matrix."""
+def block_errors(matrix: np.ndarray, layout, bucket_numel: int, block: int, bits: int):
+    """Per block (every destination row of every bucket), quantized in `bits`: max err /
+    amax, RMS / amax; and the dequantized matrix."""
     units = layout.units
     plan = plan_buckets(
         [u.shard_numel for u in units], [u.shard_offset for u in units], bucket_numel,
@@ -51,7 +52,7 @@ def block_errors(matrix: np.ndarray, layout, bucket_numel: int, block: int):
     for bucket in plan:
         cols = slice(bucket.shard_offset, bucket.shard_offset + bucket.shard_numel)
         starts = bucket_block_starts(layout, bucket, block)
-        q = quantized_rows(matrix[:, cols], starts)
+        q = quantized_rows(matrix[:, cols], starts, bits)
         back[:, cols] = q
         ends = [*starts[1:], bucket.shard_numel]
         for lo, hi in zip(starts, ends, strict=True):
@@ -88,21 +89,16 @@ def main() -> None:
     rows = np.stack([oracle.flatten(g) for g in grads])
     gb = oracle.gradient_blocks
     layout = build_layout(gb.units, args.world, gb.align)
-    maxes, rmss, exact, quant = [], [], 0, 0
-    for r in range(args.world):
-        m = shard_matrix(oracle, layout, rows[r])
-        e, rms, back = block_errors(m, layout, zero.bucket_numel, zero.quantize_block)
-        maxes.append(e)
-        rmss.append(rms)
-        exact, quant = exact + m.astype(np.float64), quant + back.astype(np.float64)
-    every, rms = np.concatenate(maxes), np.concatenate(rmss)
-    rel_sum = float(np.linalg.norm(quant - exact) / np.linalg.norm(exact))
+    matrices = [shard_matrix(oracle, layout, rows[r]) for r in range(args.world)]
+    figures = {bits: errors(matrices, layout, zero, bits) for bits in (8, 4)}
     print(
-        f"{args.steps} steps (loss {loss:.4f}), W={args.world}, "
-        f"block {zero.quantize_block}, bucket {zero.bucket_numel}: {every.size} blocks"
+        f"{args.steps} steps (loss {loss:.4f}, trained in int{gb.bits}), W={args.world}, "
+        f"block {zero.quantize_block}, bucket {zero.bucket_numel}: {figures[8]['blocks']} blocks"
     )
-    print(f"max err/amax {every.max():.7f}  mean {every.mean():.7f}  RMS/amax {rms.mean():.5f}"
-          f"  summed gradient rel L2 error {rel_sum:.2e}")  # fmt: skip
+    for bits, f in figures.items():
+        print(f"int{bits}: max err/amax {f['max_rel_error']:.7f}  mean {f['mean_rel_error']:.7f}"
+              f"  RMS/amax {f['mean_rms_rel_error']:.5f}  summed gradient rel L2 error "
+              f"{f['summed_grad_rel_l2_error']:.2e}  (bound {f['bound']:.7f})")  # fmt: skip
     emit(
         {
             "script": "qgz_error",
@@ -112,16 +108,33 @@ def main() -> None:
             "block": zero.quantize_block,
             "bucket_numel": zero.bucket_numel,
             "precision": zero.precision,
-            "blocks": int(every.size),
-            "max_rel_error": float(every.max()),
-            "mean_rel_error": float(every.mean()),
-            "mean_rms_rel_error": float(rms.mean()),
-            "summed_grad_rel_l2_error": rel_sum,
-            "bound": 0.5 / 127,
+            "trained_bits": gb.bits,
+            **figures[8],
+            "int4": figures[4],
             "load_average": load_average(),
         },
         args.record,
     )
+
+
+def errors(matrices: list[np.ndarray], layout, zero, bits: int) -> dict:
+    """Every rank's (W, shard_numel) gradient quantized in `bits`: the per-block figures
+    over all of them, and the summed gradient's relative L2 error."""
+    maxes, rmss, exact, quant = [], [], 0, 0
+    for m in matrices:
+        e, rms, back = block_errors(m, layout, zero.bucket_numel, zero.quantize_block, bits)
+        maxes.append(e)
+        rmss.append(rms)
+        exact, quant = exact + m.astype(np.float64), quant + back.astype(np.float64)
+    every, rms = np.concatenate(maxes), np.concatenate(rmss)
+    return {
+        "blocks": int(every.size),
+        "max_rel_error": float(every.max()),
+        "mean_rel_error": float(every.mean()),
+        "mean_rms_rel_error": float(rms.mean()),
+        "summed_grad_rel_l2_error": float(np.linalg.norm(quant - exact) / np.linalg.norm(exact)),
+        "bound": 0.5 / LEVELS[bits],
+    }
 
 
 if __name__ == "__main__":

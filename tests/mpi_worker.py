@@ -29,10 +29,10 @@ from zero_ref.config import AdamWConfig, ZeroConfig
 from zero_ref.engine.ladder import make_engine
 from zero_ref.engine.memory import formula_bytes
 from zero_ref.layout.flat import tensor_views
-from zero_ref.layout.grad_blocks import plan_blocks
+from zero_ref.layout.grad_blocks import plan_wire
 from zero_ref.models.unit import init_params
 from zero_ref.optim.loss_scale import LossScaleConfig
-from zero_ref.oracle import Oracle
+from zero_ref.oracle import GradientBlocks, Oracle
 from zero_ref.testing.engine_state import full_parameters
 from zero_ref.testing.replay import ReplayModel
 
@@ -172,9 +172,31 @@ def qwz_settings(case: dict) -> dict:
 
 
 def qgz_settings(case: dict) -> dict:
-    """ZeroConfig's qgZ fields for a case with "qgz": {quantize_block} (stages 1-3)."""
+    """ZeroConfig's qgZ fields for a case with "qgz": {quantize_block, bits} (stages 1-3;
+    bits 8 when not named)."""
     qgz = case.get("qgz")
-    return {} if not qgz else {"quantized_gradients": True, "quantize_block": qgz["quantize_block"]}
+    if not qgz:
+        return {}
+    bits = qgz.get("bits", 8)
+    return {
+        "quantized_gradients": True,
+        "quantize_block": qgz["quantize_block"],
+        "quantized_gradient_bits": bits,
+    }
+
+
+def phase_gradient_blocks(model, phase: dict) -> GradientBlocks | None:
+    """The oracle's qgZ blocks of a saved run's phase (its "qgz", "qwz" and "bucket_numel"):
+    that run's quantization of its gradients, not this one's."""
+    if not phase.get("qgz"):
+        return None
+    cfg = ZeroConfig(
+        stage=3,
+        bucket_numel=phase["bucket_numel"],
+        quantized_weights=bool(phase.get("qwz")),  # qwZ's alignment moves qgZ's blocks
+        **qgz_settings(phase),
+    )
+    return GradientBlocks.for_model(model, cfg)
 
 
 def offload_settings(case: dict) -> dict:
@@ -194,9 +216,12 @@ def replay_history(oracle: Oracle, model, batches, history: list[dict], k: int) 
     qwZ's block, when the phase names its "qwz": the saved run's, not this one's)."""
     step, mine, reads = 0, oracle.quantize_block, oracle.backward_reads_forward
     groups = oracle.shard_size
+    blocks = oracle.gradient_blocks
     for phase in history:
         size = phase.get("hybrid", groups)  # that run's groups, where named ("host": one)
         oracle.shard_size = phase["world"] if size == "host" else size
+        if "qgz" in phase:  # qgZ: that run's gradients went through its int8/int4 blocks
+            oracle.gradient_blocks = phase_gradient_blocks(model, phase)
         if "qwz" in phase:
             oracle.quantize_block = phase["qwz"]["quantize_block"] if phase["qwz"] else None
             # hpZ with qwZ: that run's backward read forward's dequantized weights
@@ -207,6 +232,7 @@ def replay_history(oracle: Oracle, model, batches, history: list[dict], k: int) 
             step += 1
         oracle.quantize_block, oracle.backward_reads_forward = mine, reads
         oracle.shard_size = groups
+        oracle.gradient_blocks = blocks
 
 
 def consolidated_optimizer_state(engine) -> dict[str, dict[str, np.ndarray]]:
@@ -238,14 +264,16 @@ def gathers_record(gathers):
     return dataclasses.asdict(gathers) if dataclasses.is_dataclass(gathers) else gathers
 
 
-def qgz_blocks(engine) -> int | None:
-    """qgZ's blocks per micro-step (a destination row's, over the bucket plan), or None."""
+def qgz_blocks(engine) -> dict | None:
+    """qgZ's GradientWire per micro-step (a destination row's values and blocks, over the
+    bucket plan) as its dict, or None."""
     cfg = engine.cfg
     if not cfg.quantized_gradients:
         return None
     padded = [u.padded_numel for u in engine.layout.units]
-    plan = plan_blocks(padded, engine.layout.world_size, cfg.bucket_numel, cfg.quantize_block)
-    return sum(blocks for _, blocks in plan)
+    world, bits = engine.layout.world_size, cfg.quantized_gradient_bits
+    wire = plan_wire(padded, world, cfg.bucket_numel, cfg.quantize_block, bits)
+    return dataclasses.asdict(wire)
 
 
 def plan(engine) -> dict:

@@ -19,6 +19,9 @@ from tests.test_parity import (
     FP16_OVERFLOWING,
     MLP,
     OFFLOAD_ALL,
+    QGZ,
+    QGZ4,
+    QWZ,
     SETTINGS,
     TINY_UNITS,
     check_bitwise,
@@ -27,6 +30,7 @@ from tests.test_parity import (
     offload_allowed,
     options,
     pinned,
+    qgz_allowed,
     qwz_allowed,
     replay_model,
     run,
@@ -39,9 +43,10 @@ second_run = st.fixed_dictionaries(
 
 
 def save_then_resume(mpi_pools, drawn: dict, second: dict) -> tuple[dict, dict]:
-    # qgZ is not drawn here: the oracle's replay of a saved run's history does not yet
-    # carry its gradient quantization (a qgZ checkpoint itself holds nothing of it)
-    drawn = drawn | {"qgz": None}
+    """The drawn run saves after its steps; the second (its world size and stage, and
+    what it names of qwZ, qgZ and hpZ) resumes. The oracle replays the first run's
+    history with the first run's quantizations (qwZ's block, qgZ's blocks and bits at
+    its world size, hpZ's backward reads), then takes the second run's steps with its."""
     k = drawn["steps"]
     folder = tempfile.mkdtemp(prefix="zero_ref_ckpt_")
     first = run(mpi_pools, {**drawn, "save_to": folder})
@@ -52,11 +57,13 @@ def save_then_resume(mpi_pools, drawn: dict, second: dict) -> tuple[dict, dict]:
             "qwz": drawn.get("qwz"),
             "hpz": drawn.get("hpz"),
             "hybrid": drawn.get("hybrid"),  # the oracle replays the saved run's groups
+            "qgz": drawn.get("qgz"),
+            "bucket_numel": drawn["bucket_numel"],
         }
     ]
     resumed = {**drawn, **second, "resume_from": folder, "history": history}
     resumed = hybrid_allowed(
-        hpz_allowed(qwz_allowed(offload_allowed(resumed)))
+        hpz_allowed(qgz_allowed(qwz_allowed(offload_allowed(resumed))))
     )  # the second stage may not allow the first's
     resumed["lrs"] = list(reversed(drawn["lrs"]))  # other learning rates after the resume
     return first, run(mpi_pools, resumed)
@@ -93,6 +100,39 @@ def check_resumed(first: dict, resumed: dict) -> None:
         TINY_UNITS, world=3, stage=3, steps=2, offload=OFFLOAD_ALL, precision=FP16_OVERFLOWING
     ),
     second={"world": 2, "stage": 2},
+)
+# ZeRO++ (issue 24): a checkpoint holds no quantization state (qwZ's int8 copies come
+# from the master weights at each gather, qgZ's bytes live for one reduce-scatter, hpZ's
+# secondary copy is refilled from the primary shards by the first gather after loading),
+# so each option resumes bitwise and reshards to any world size and stage that allows it
+@example(  # qgZ int4 at 4 ranks, resharded to stage 2 at 3 (other blocks of the same rule)
+    drawn=pinned(TINY_UNITS, bucket_numel=64, world=4, stage=3, steps=2, qgz=QGZ4),
+    second={"world": 3, "stage": 2},
+)
+@example(  # saved with int4, resumed with int8: the replay quantizes as the saved run did
+    drawn=pinned(
+        TINY_UNITS,
+        bucket_numel=64,
+        world=3,
+        stage=1,
+        steps=2,
+        qgz=QGZ4,
+        precision={"precision": "bf16"},
+    ),
+    second={"world": 3, "stage": 3, "qgz": QGZ},
+)
+@example(  # qwZ + qgZ int4 + hpZ at 4 ranks, resharded to 2 (hpZ's groups of 2 divide it)
+    drawn=pinned(
+        TINY_UNITS,
+        bucket_numel=64,
+        world=4,
+        stage=3,
+        steps=2,
+        qwz=QWZ,
+        qgz=QWZ | {"bits": 4},
+        hpz=2,
+    ),
+    second={"world": 2, "stage": 3},
 )
 def test_resume_at_any_world_size_and_stage_is_bitwise_oracle(mpi_pools, drawn, second):
     check_resumed(*save_then_resume(mpi_pools, drawn, second))

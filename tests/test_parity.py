@@ -26,6 +26,7 @@ from tests.test_buckets import expected_bucket_plan
 from zero_ref.comm.ledger import HierarchicalGathers, QuantizedGathers, expected_sent_bytes
 from zero_ref.dtypes import ElementBytes
 from zero_ref.layout.flat import padded_numel
+from zero_ref.layout.grad_blocks import GradientWire
 
 TEXT = "the quick brown fox jumps over the lazy dog; pack my box with five dozen jugs. " * 4
 
@@ -97,7 +98,7 @@ def options(model: st.SearchStrategy, deterministic: bool, worlds: list[int]):
                 # move a weight across an int8 rounding tie, a jump of one scale step the
                 # fast-mode tolerance is not meant to cover (a pinned example stays)
                 "qwz": qwz_options() if deterministic else st.none(),
-                "qgz": qwz_options() if deterministic else st.none(),  # qgZ: the same blocks
+                "qgz": qgz_options() if deterministic else st.none(),  # qgZ: int8 or int4
                 # hpZ: backward's gathers inside groups of this many ranks ("host": the
                 # ranks MPI says share a host, here all of them)
                 "hpz": st.sampled_from([None, 1, 2, 3, 4, "host"]),
@@ -151,13 +152,21 @@ def qwz_options() -> st.SearchStrategy:
     )
 
 
+def qgz_options() -> st.SearchStrategy:
+    """No qgZ (None), or each bucket's reduce-scatter in int8 or int4 blocks (qwZ's sizes)."""
+    bits = st.sampled_from([8, 4])
+    return st.one_of(
+        st.none(), st.tuples(qwz_options().filter(bool), bits).map(lambda q: q[0] | {"bits": q[1]})
+    )
+
+
 def qgz_allowed(drawn: dict) -> dict:
     """qgZ quantizes the buckets of stages 1-3; with qwZ both use one quantize_block."""
     if not drawn.get("qgz"):
         return drawn
     if drawn["stage"] < 1:
         return drawn | {"qgz": None}
-    return drawn | {"qgz": drawn["qwz"]} if drawn.get("qwz") else drawn
+    return drawn | {"qgz": drawn["qgz"] | drawn["qwz"]} if drawn.get("qwz") else drawn
 
 
 def qwz_allowed(drawn: dict) -> dict:
@@ -249,6 +258,7 @@ OVERLAP = {"overlap_comm": True}  # one unit ahead, progress by MPI_Testall
 OVERLAP_DEEP = OVERLAP | {"prefetch_numel": 1 << 20, "persistence_numel": 10, "progress": "thread"}
 QWZ = {"quantize_block": 8}  # ZeRO++'s qwZ: stage 3's forward gathers in int8, blocks of 8
 QGZ = {"quantize_block": 3}  # ZeRO++'s qgZ: each bucket's reduce-scatter in int8, blocks of 3
+QGZ4 = QGZ | {"bits": 4}  # ... in int4: two values a byte
 QWZ_PREFETCH = OVERLAP | {"prefetch_numel": 1 << 20, "progress": "thread"}  # no persistence
 
 
@@ -332,7 +342,8 @@ def check_buckets(result: dict, drawn: dict) -> None:
         return  # no buckets (a 16-bit all-reduce is chunked reduce-scatters + all-gathers)
     per_micro_step = len(plan)
     for i, step in enumerate(result["ledger"]):
-        kind = "reduce_scatter_int8" if drawn.get("qgz") else "reduce_scatter"
+        qgz = drawn.get("qgz")
+        kind = f"reduce_scatter_int{qgz.get('bits', 8)}" if qgz else "reduce_scatter"
         calls = step.get(kind, {}).get("calls", 0)
         assert calls == k * per_micro_step, f"step {i}: {calls} reduce-scatters; plan {plan}"
 
@@ -367,11 +378,11 @@ def check_comm_bytes(result: dict, drawn: dict) -> None:
             skipped=report["skipped"],
             after_skipped=after_skipped,
             gathers=gathers,
-            grad_blocks=result["grad_blocks"],
+            grad_blocks=result["grad_blocks"] and GradientWire(**result["grad_blocks"]),
         )
         expected += result["hybrid_sent_bytes"]  # and its all-reduce across the groups
         kinds = ("reduce_scatter", "reduce_scatter_int8", "allgather", "allgather_int8")
-        kinds = (*kinds, "allgather_hpz", "allreduce", "allreduce_hybrid")
+        kinds = (*kinds, "allgather_hpz", "allreduce", "allreduce_hybrid", "reduce_scatter_int4")
         sent = sum(v["sent_bytes"] for kind, v in step.items() if kind in kinds)
         if gathers and after_skipped:
             assert sent <= expected, f"step {i}: rank 0 sent {sent} bytes, at most {expected}"
@@ -470,6 +481,25 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scope
     )
 )
 @example(drawn=pinned(TINY_UNITS, stage=3, world=3, qwz=QWZ, qgz=QWZ, overlap=QWZ_PREFETCH))
+# qgZ in int4: odd bucket widths (a padding nibble), blocks starting at odd columns; with
+# qwZ, hpZ and overlap together in bf16
+@example(drawn=pinned(TINY_UNITS, bucket_numel=64, stage=3, world=3, grad_accum=3, qgz=QGZ4))
+@example(
+    drawn=pinned(TINY_UNITS, stage=2, world=4, bucket_numel=17, qgz=QGZ4, precision=BF16_FP32_ACCUM)
+)
+@example(
+    drawn=pinned(
+        TINY_UNITS,
+        bucket_numel=64,
+        stage=3,
+        world=4,
+        qwz=QWZ,
+        qgz=QWZ | {"bits": 4},
+        hpz=2,
+        overlap=OVERLAP,
+        precision={"precision": "bf16"},
+    )
+)
 # hpZ: backward (and later micro-steps' forwards) gathered in groups from the secondary copy
 @example(drawn=pinned(TINY_UNITS, stage=3, world=4, grad_accum=3, hpz=2))
 @example(drawn=pinned(TINY_UNITS, stage=3, world=4, hpz=2, overlap=OVERLAP_DEEP))

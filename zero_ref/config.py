@@ -183,6 +183,8 @@ class ZeroConfig:
                   float32 scale per block of at most quantize_block elements (a unit's own
                   grid, zero_ref/layout/grad_blocks.py) through an Alltoall; each rank
                   dequantizes, sums in rank order in float32 and rounds once.
+    quantized_gradient_bits  qgZ's bits: 8 (int8, levels -127..127) or 4 (int4, levels
+                  -7..7, two values a byte: ZeRO++'s and DeepSpeed's choice for gradients).
     hpz_partition_size  stage 3 (ZeRO++'s hpZ, zero_hpz_partition_size): 1 is off; an
                   integer G > 1 (dividing the world size, checked by the engine) keeps a
                   secondary copy of the parameters sharded over each group of G
@@ -227,6 +229,7 @@ class ZeroConfig:
     quantized_weights: bool = False
     quantize_block: int = 2048
     quantized_gradients: bool = False
+    quantized_gradient_bits: int = 8
     hpz_partition_size: int | str = 1
     hybrid_shard_size: int | str | None = None
 
@@ -313,6 +316,19 @@ class ZeroConfig:
             "quantized_gradients",
             self.quantized_gradients,
             "True or False",
+        )
+        _require(
+            isinstance(self.quantized_gradient_bits, int)
+            and self.quantized_gradient_bits in (8, 4),
+            "quantized_gradient_bits",
+            self.quantized_gradient_bits,
+            "8 (int8) or 4 (int4)",
+        )
+        _require(
+            self.quantized_gradients or self.quantized_gradient_bits == 8,
+            "quantized_gradient_bits",
+            self.quantized_gradient_bits,
+            "8 (its default) without quantized_gradients (the bits are qgZ's)",
         )
         if not self.quantized_gradients:
             return

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from zero_ref.dtypes import FP32, ElementBytes
 from zero_ref.layout.buckets import bucket_columns
 from zero_ref.layout.grad_blocks import plan_blocks
-from zero_ref.quantize import SCALE_BYTES
+from zero_ref.quantize import SCALE_BYTES, segment_payload_bytes
 
 CATEGORIES = ("params", "grads", "optimizer", "buffers")  # the memory ledger's
 LADDER = ("optimizer", "grads", "params")  # what stages 1, 2 and 3 each add to the sharding
@@ -152,6 +152,7 @@ class OverlapBuffers:
     quantize_block: int | None = None
     hpz_group: int | None = None
     gradient_block: int | None = None  # qgZ: each lane's quantized send and receive bytes
+    gradient_bits: int = 8  # qgZ's values: int8 or int4 (two a byte)
 
 
 def hpz_group_of(cfg, world_size: int, ranks_per_host: int | None = None) -> int | None:
@@ -190,7 +191,8 @@ def overlap_buffers(
     )  # fmt: skip
     block = cfg.quantize_block if getattr(cfg, "quantized_weights", False) else None
     grad_block = cfg.quantize_block if getattr(cfg, "quantized_gradients", False) else None
-    return OverlapBuffers(2 if cfg.overlap_comm else 1, plan, block, hpz_group, grad_block)
+    bits = getattr(cfg, "quantized_gradient_bits", 8)
+    return OverlapBuffers(2 if cfg.overlap_comm else 1, plan, block, hpz_group, grad_block, bits)
 
 
 def buffer_bytes(
@@ -229,7 +231,12 @@ def buffer_bytes(
             held[f"bucket_recv (lane {lane})"] = sizes.grad * columns
         if overlap.gradient_block is not None:
             held |= quantized_reduce_bytes(
-                unit_numels, world_size, bucket_numel, overlap.gradient_block, overlap.lanes
+                unit_numels,
+                world_size,
+                bucket_numel,
+                overlap.gradient_block,
+                overlap.lanes,
+                overlap.gradient_bits,
             )
     elif sizes.comm != sizes.grad:
         chunk = world_size * bucket_columns(bucket_numel, world_size)
@@ -256,12 +263,18 @@ def buffer_bytes(
 
 
 def quantized_reduce_bytes(
-    unit_numels: Sequence[int], world_size: int, bucket_numel: int, block: int, lanes: int
+    unit_numels: Sequence[int],
+    world_size: int,
+    bucket_numel: int,
+    block: int,
+    lanes: int,
+    bits: int = 8,
 ) -> dict[str, int]:
     """qgZ's buffers (zero_ref/engine/grad_buckets.py): per staging lane a send and a
-    receive of W rows of the widest bucket's payload (its int8 values, 4 bytes a block)."""
+    receive of W rows of the widest bucket's payload (its values, a byte each in int8 and
+    two a byte in int4, then 4 bytes a block)."""
     plan = plan_blocks(unit_numels, world_size, bucket_numel, block)
-    row = max((n + SCALE_BYTES * b for n, b in plan), default=0)
+    row = max((segment_payload_bytes(n, b, bits) for n, b in plan), default=0)
     held = {}
     for lane in range(lanes):
         suffix = f" (lane {lane})" if lane else ""

@@ -35,8 +35,9 @@ With qgZ (ZeRO++'s quantized gradients, `gradient_blocks`) each g[j][r], after t
 roundings, is laid out as the engine's buckets see it (the layout at W ranks, each
 unit a (W, shard_numel) matrix whose row d goes to rank d, the bucket plan of
 zero_ref/layout/buckets.py) and every destination row of every bucket is quantized
-and dequantized in the blocks of zero_ref/layout/grad_blocks.py, before the rank-order
-sum: s_j = q(g[j][0]) + q(g[j][1]) + ... in float32, rounded once.
+and dequantized in the blocks of zero_ref/layout/grad_blocks.py, in int8 or int4 (its
+`bits`), before the rank-order sum: s_j = q(g[j][0]) + q(g[j][1]) + ... in float32,
+rounded once.
 
 With hybrid sharding (`shard_size` G: FSDP's HYBRID_SHARD, DeepSpeed's MiCS) the sum is
 the engine's two levels: each group of G consecutive ranks sums its own, micro-step by
@@ -78,17 +79,19 @@ UnitSpecs = Sequence[tuple[str, Sequence[tuple[str, tuple[int, ...]]]]]
 class GradientBlocks:
     """What qgZ's blocks depend on: the model's units (names and shapes, in forward order,
     as zero_ref/layout/flat.py's model_layout lists them), the layout's alignment, the
-    bucket size and the block size."""
+    bucket size, the block size, and the bits of the values (8 or 4)."""
 
     units: UnitSpecs
     align: int
     bucket_numel: int
     block: int
+    bits: int = 8
 
     @classmethod
     def for_model(cls, model: Model, cfg: ZeroConfig) -> GradientBlocks:
         units = [(u.name, [(s.name, tuple(s.shape)) for s in u.param_specs()]) for u in model.units]
-        return cls(units, layout_align(cfg), cfg.bucket_numel, cfg.quantize_block)
+        align, bits = layout_align(cfg), cfg.quantized_gradient_bits
+        return cls(units, align, cfg.bucket_numel, cfg.quantize_block, bits)
 
 
 @dataclass(frozen=True)
@@ -268,7 +271,7 @@ class Oracle:
             rows = np.stack([self._flatten(g) for g in per_rank])  # (W, numel)
             rows = rounded(rounded(rows, self.grad_dtype), self.comm_dtype)  # stored, sent
             if self.gradient_blocks is not None:
-                rows = self._through_int8(rows)  # qgZ: what each destination receives
+                rows = self._through_wire(rows)  # qgZ: what each destination receives
             s_j = rounded(sum_in_rank_order(rows, np.empty_like(self.params)), self.grad_dtype)
             abs_sum += np.abs(rows).sum(axis=0)
             if j == 0:
@@ -307,12 +310,12 @@ class Oracle:
             for g in range(world // size):
                 mine = rows[g * size : (g + 1) * size]
                 if self.gradient_blocks is not None:
-                    mine = self._through_int8(mine)  # qgZ inside the group, at G ranks
+                    mine = self._through_wire(mine)  # qgZ inside the group, at G ranks
                 s_jg = rounded(sum_in_rank_order(mine, np.empty_like(self.params)), self.grad_dtype)
                 group_accs[g] = s_jg if j == 0 else rounded(group_accs[g] + s_jg, self.grad_dtype)
         return rounded(sum_in_rank_order(group_accs, np.empty_like(self.params)), self.grad_dtype)
 
-    def _through_int8(self, rows: np.ndarray) -> np.ndarray:
+    def _through_wire(self, rows: np.ndarray) -> np.ndarray:
         """Each rank's row (W, numel) as qgZ's destinations dequantize it: laid into the
         engine's buckets at W ranks, quantized per destination row in its blocks."""
         gb, world = self.gradient_blocks, rows.shape[0]
@@ -328,7 +331,7 @@ class Oracle:
             for bucket in _bucket_plan(layout, gb.bucket_numel):
                 cols = slice(bucket.shard_offset, bucket.shard_offset + bucket.shard_numel)
                 starts = bucket_block_starts(layout, bucket, gb.block)
-                matrix[:, cols] = quantized_rows(matrix[:, cols], starts)
+                matrix[:, cols] = quantized_rows(matrix[:, cols], starts, gb.bits)
             offset = 0
             for u in layout.units:
                 full[u.full_offset : u.full_offset + u.padded_numel] = matrix[

@@ -1,5 +1,6 @@
 """Block quantization: float32 values as int8 with one float32 scale per block (ZeRO++'s
-qwZ, Wang et al. 2023, Sec. 3.1: the forward all-gather of stage 3 in int8).
+qwZ, Wang et al. 2023, Sec. 3.1: the forward all-gather of stage 3 in int8), and qgZ's
+gradient blocks of uneven length in int8 or int4 (Sec. 3.3, below).
 
 The rule, in both twins (the Numba kernel and its NumPy reference, bitwise equal;
 tests/test_quantize.py checks them element by element):
@@ -157,11 +158,57 @@ def quantized_copy(x: np.ndarray, block: int, what: str = "values") -> np.ndarra
 # scale and q = 0, so it dequantizes to NaNs on its destination rank, whose sum is then
 # non-finite: the overflow is seen there, and the step skipped on every rank (the engine's
 # non-finite check is a collective), as fp16's loss scaler demands.
+#
+# In int8 (bits 8: levels -127..127, scale amax / 127) or in int4 (bits 4, ZeRO++'s choice
+# for gradients: levels -7..7, scale amax / 7, the same steps with 7 for 127). int4 is
+# symmetric too: -8 would need the scale amax / 8, which sends +amax to 8, clipped to 7 (as
+# DeepSpeed's CUDA quantizer does: a whole step of error at a block's largest positive
+# value, none at its largest negative one); with 7, amax is a level of both signs and
+# every error is at most half a step, for 15 of the 16 codes. Two values a byte: element
+# 2i in the low nibble (bits 0-3), element 2i+1 in the high nibble (bits 4-7), each its
+# level's 4-bit two's complement; a row of odd length ends in a zero high nibble. Blocks
+# may start at odd columns, so one byte can hold two blocks' values: the nibbles are per
+# element, the scales per block.
+
+LEVELS = {8: QMAX, 4: 7}  # bits -> the largest level: q in [-LEVELS[bits], LEVELS[bits]]
 
 
-def segment_payload_bytes(numel: int, blocks: int) -> int:
-    """Bytes of a destination row of numel elements in `blocks` blocks: int8s, then scales."""
-    return numel + SCALE_BYTES * blocks
+def check_bits(bits: int) -> int:
+    """The largest level of a `bits`-bit gradient quantization (8 or 4), or an error."""
+    if bits not in LEVELS:
+        raise ValueError(f"bits={bits!r} is not allowed: qgZ quantizes gradients to 8 or 4 bits")
+    return LEVELS[bits]
+
+
+def value_bytes(numel: int, bits: int = 8) -> int:
+    """Bytes of numel packed values: numel in int8, ceil(numel / 2) in int4."""
+    check_bits(bits)
+    return (numel * bits + 7) // 8
+
+
+def segment_payload_bytes(numel: int, blocks: int, bits: int = 8) -> int:
+    """Bytes of a destination row of numel elements in `blocks` blocks: packed values,
+    then one float32 scale a block."""
+    return value_bytes(numel, bits) + SCALE_BYTES * blocks
+
+
+# ---- the NumPy twins
+def _segment_levels_reference(
+    x: np.ndarray, starts: np.ndarray, qmax: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(q (n,) int8 in [-qmax, qmax], scales (len(starts),) float32) of x (n,) float32 cut
+    at `starts`; a block with a NaN/Inf gets scale NaN and q 0."""
+    amax = np.maximum.reduceat(np.abs(x), starts)  # a NaN propagates, an Inf is Inf
+    with np.errstate(over="ignore", invalid="ignore"):
+        scale = np.divide(amax, np.float32(qmax), dtype=np.float32)
+    bad = ~np.isfinite(scale)
+    lengths = np.diff(np.append(starts, x.size))
+    per = np.repeat(scale, lengths)  # each element's block scale
+    zero = np.repeat((scale == 0) | bad, lengths)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.divide(x, np.where(zero, np.float32(1), per), dtype=np.float32)
+    q = np.where(zero, np.float32(0), np.clip(np.rint(ratio), -qmax, qmax)).astype(np.int8)
+    return q, np.where(bad, np.float32(np.nan), scale)
 
 
 def quantize_segments_reference(
@@ -169,19 +216,8 @@ def quantize_segments_reference(
 ) -> None:
     """q (n,) int8, scales (len(starts),) float32 <- x (n,) float32 cut at `starts` (int64,
     starts[0] = 0, increasing, each < n); a block with a NaN/Inf gets scale NaN, q 0."""
-    if x.size == 0:
-        return
-    amax = np.maximum.reduceat(np.abs(x), starts)  # a NaN propagates, an Inf is Inf
-    with np.errstate(over="ignore", invalid="ignore"):
-        scale = np.divide(amax, np.float32(QMAX), dtype=np.float32)
-    bad = ~np.isfinite(scale)
-    lengths = np.diff(np.append(starts, x.size))
-    per = np.repeat(scale, lengths)  # each element's block scale
-    zero = np.repeat((scale == 0) | bad, lengths)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.divide(x, np.where(zero, np.float32(1), per), dtype=np.float32)
-    q[...] = np.where(zero, np.float32(0), np.clip(np.rint(ratio), -QMAX, QMAX)).astype(np.int8)
-    scales[...] = np.where(bad, np.float32(np.nan), scale)
+    if x.size:
+        q[...], scales[...] = _segment_levels_reference(x, starts, QMAX)
 
 
 def dequantize_segments_reference(
@@ -194,26 +230,63 @@ def dequantize_segments_reference(
     out[...] = np.multiply(q.astype(np.float32), per, dtype=np.float32)
 
 
+def quantize_segments4_reference(
+    x: np.ndarray, starts: np.ndarray, packed: np.ndarray, scales: np.ndarray
+) -> None:
+    """packed (ceil(n/2),) uint8, scales (len(starts),) float32 <- x (n,) float32 cut at
+    `starts`, in int4 (levels -7..7; element 2i the low nibble, 2i+1 the high one)."""
+    if x.size == 0:
+        return
+    q, scales[...] = _segment_levels_reference(x, starts, LEVELS[4])
+    nibbles = np.zeros(2 * packed.size, np.uint8)  # an odd row's last high nibble stays 0
+    nibbles[: x.size] = q.view(np.uint8) & 0xF  # the 4-bit two's complement
+    packed[...] = nibbles[0::2] | (nibbles[1::2] << 4)
+
+
+def dequantize_segments4_reference(
+    packed: np.ndarray, scales: np.ndarray, starts: np.ndarray, out: np.ndarray
+) -> None:
+    """out (n,) float32 <- each int4 level of packed, sign-extended, times its block's scale."""
+    n = out.size
+    if n == 0:
+        return
+    nibbles = np.empty(2 * packed.size, np.int8)
+    nibbles[0::2], nibbles[1::2] = packed & 0xF, packed >> 4
+    q = (nibbles[:n] ^ 8) - 8  # 0..7 stay, 8..15 are -8..-1
+    per = np.repeat(scales, np.diff(np.append(starts, n)))
+    out[...] = np.multiply(q.astype(np.float32), per, dtype=np.float32)
+
+
+# ---- the Numba kernels (same steps)
+@numba.njit(cache=True, nogil=True, inline="always")
+def _segment_scale(x, lo, hi, qmax):  # pragma: no cover - compiled
+    """Block [lo, hi)'s scale: float32(amax / qmax), NaN for a block with a NaN or Inf."""
+    amax, finite = _block_amax(x, lo, hi)
+    scale = np.float32(amax / np.float32(qmax))
+    if not finite or not np.isfinite(scale):
+        return np.float32(np.nan)
+    return scale
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _level(v, scale, qmax):  # pragma: no cover - compiled
+    """v's level: rint(float32(v / scale)) clipped to [-qmax, qmax]; 0 for a scale of 0 or NaN."""
+    if scale == 0 or np.isnan(scale):
+        return 0
+    r = np.rint(np.float32(v / scale))
+    return np.int64(min(max(r, -qmax), qmax))
+
+
 @numba.njit(cache=True, nogil=True)
 def quantize_segments_kernel(x, starts, q, scales):  # pragma: no cover - compiled
     n = x.size
     for b in range(starts.size):
         lo = starts[b]
         hi = starts[b + 1] if b + 1 < starts.size else n
-        amax, finite = _block_amax(x, lo, hi)
-        scale = np.float32(amax / np.float32(QMAX))
-        if not finite or not np.isfinite(scale):
-            scales[b] = np.float32(np.nan)
-            for k in range(lo, hi):
-                q[k] = 0
-            continue
+        scale = _segment_scale(x, lo, hi, QMAX)
         scales[b] = scale
         for k in range(lo, hi):
-            if scale == 0:
-                q[k] = 0
-            else:
-                r = np.rint(np.float32(x[k] / scale))
-                q[k] = np.int8(min(max(r, -QMAX), QMAX))
+            q[k] = np.int8(_level(x[k], scale, QMAX))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -227,36 +300,76 @@ def dequantize_segments_kernel(q, scales, starts, out):  # pragma: no cover - co
             out[k] = np.float32(np.float32(q[k]) * scale)
 
 
-def pack_rows(rows: np.ndarray, starts: np.ndarray, send: np.ndarray) -> None:
+@numba.njit(cache=True, nogil=True)
+def quantize_segments4_kernel(x, starts, packed, scales):  # pragma: no cover - compiled
+    n = x.size
+    for b in range(starts.size):
+        lo = starts[b]
+        hi = starts[b + 1] if b + 1 < starts.size else n
+        scale = _segment_scale(x, lo, hi, 7)
+        scales[b] = scale
+        for k in range(lo, hi):
+            nibble = _level(x[k], scale, 7) & 0xF  # the 4-bit two's complement
+            if k % 2 == 0:
+                packed[k >> 1] = np.uint8(nibble)  # clears the high nibble: an odd row's stays 0
+            else:
+                packed[k >> 1] = np.uint8(np.int64(packed[k >> 1]) | (nibble << 4))
+
+
+@numba.njit(cache=True, nogil=True)
+def dequantize_segments4_kernel(packed, scales, starts, out):  # pragma: no cover - compiled
+    n = out.size
+    for b in range(starts.size):
+        lo = starts[b]
+        hi = starts[b + 1] if b + 1 < starts.size else n
+        scale = scales[b]
+        for k in range(lo, hi):
+            byte = np.int64(packed[k >> 1])
+            nibble = (byte >> 4) if k % 2 else (byte & 0xF)
+            out[k] = np.float32(np.float32((nibble ^ 8) - 8) * scale)
+
+
+# bits -> (quantize kernel, dequantize kernel, the dtype its values are viewed as)
+SEGMENT_KERNELS = {
+    8: (quantize_segments_kernel, dequantize_segments_kernel, np.int8),
+    4: (quantize_segments4_kernel, dequantize_segments4_kernel, np.uint8),
+}
+
+
+# ---- what callers use
+def pack_rows(rows: np.ndarray, starts: np.ndarray, send: np.ndarray, bits: int = 8) -> None:
     """send (W, P) uint8 <- each float32 row of rows (W, n) quantized in blocks at `starts`:
-    row d is what goes to rank d, its n int8 values then its float32 scales (P bytes)."""
-    n = rows.shape[1]
+    row d is what goes to rank d, its n values packed in `bits` each, then its float32
+    scales (P = segment_payload_bytes(n, len(starts), bits))."""
+    quant, _, dtype = SEGMENT_KERNELS[bits]
+    v = value_bytes(rows.shape[1], bits)
     for d in range(rows.shape[0]):
-        q = send[d, :n].view(np.int8)
-        scales = send[d, n:].view(np.float32)
-        quantize_segments_kernel(rows[d], starts, q, scales)
+        quant(rows[d], starts, send[d, :v].view(dtype), send[d, v:].view(np.float32))
 
 
-def unpack_sum(recv: np.ndarray, starts: np.ndarray, total: np.ndarray, row: np.ndarray) -> None:
+def unpack_sum(
+    recv: np.ndarray, starts: np.ndarray, total: np.ndarray, row: np.ndarray, bits: int = 8
+) -> None:
     """total (n,) float32 <- the rows of recv (W, P) uint8 dequantized (row: a float32
     scratch of n) and added in rank order, left to right, in float32."""
-    n = total.size
+    _, deq, dtype = SEGMENT_KERNELS[bits]
+    v = value_bytes(total.size, bits)
     for r in range(recv.shape[0]):
         out = total if r == 0 else row
-        dequantize_segments_kernel(recv[r, :n].view(np.int8), recv[r, n:].view(np.float32),
-                                   starts, out)  # fmt: skip
+        deq(recv[r, :v].view(dtype), recv[r, v:].view(np.float32), starts, out)
         if r:
             with np.errstate(invalid="ignore"):  # Inf + -Inf: NaN, the overflow's signal
                 total += row
 
 
-def quantized_rows(rows: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """Each float32 row of rows (R, n) quantized and dequantized in blocks at `starts`:
-    what its destination rank sums (the oracle's view of the wire). A new array."""
+def quantized_rows(rows: np.ndarray, starts: np.ndarray, bits: int = 8) -> np.ndarray:
+    """Each float32 row of rows (R, n) quantized and dequantized in blocks at `starts`, in
+    `bits`: what its destination rank sums (the oracle's view of the wire). A new array."""
+    quant, deq, dtype = SEGMENT_KERNELS[bits]
     out = np.empty(rows.shape, np.float32)
-    q = np.empty(rows.shape[1], np.int8)
+    values = np.empty(value_bytes(rows.shape[1], bits), np.uint8).view(dtype)
     scales = np.empty(starts.size, np.float32)
     for d in range(rows.shape[0]):
-        quantize_segments_kernel(np.ascontiguousarray(rows[d], np.float32), starts, q, scales)
-        dequantize_segments_kernel(q, scales, starts, out[d])
+        quant(np.ascontiguousarray(rows[d], np.float32), starts, values, scales)
+        deq(values, scales, starts, out[d])
     return out

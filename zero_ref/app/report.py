@@ -13,6 +13,7 @@ from zero_ref.comm.ledger import (
     paper_sent_bytes,
 )
 from zero_ref.dtypes import ElementBytes
+from zero_ref.layout.grad_blocks import GradientWire
 from zero_ref.memory_formulas import CATEGORIES, FP32, formula_bytes, paper_formula_bytes
 
 
@@ -96,12 +97,12 @@ def comm_table(
     k: int,
     sizes: ElementBytes = FP32,
     gathers: list[int] | None = None,
-    grad_blocks: int | None = None,
+    grad_blocks: GradientWire | None = None,
 ) -> str:
     """Bytes each rank sent in the last step, by collective, beside the paper's volume
     and zero_ref's own schedule. unit_numels: the padded unit sizes, forward order;
     gathers: stage 3's gathers of each unit per step, where its plan holds more than
-    one unit (None: the one-buffer schedule's); grad_blocks: qgZ's blocks (None: no qgZ)."""
+    one unit (None: the one-buffer schedule's); grad_blocks: qgZ's GradientWire (None: no qgZ)."""
     kinds = sorted({k for r in reports for k in r["comm_last_step"]} - set(COPY_KINDS))
     w = max([16, *(len(kind) + 2 for kind in kinds)])  # reduce_scatter_int8 is wider
     lines = [
@@ -138,7 +139,7 @@ def _volume_lines(
     k: int,
     sizes: ElementBytes,
     gathers: list[int] | None = None,
-    grad_blocks: int | None = None,
+    grad_blocks: GradientWire | None = None,
 ) -> list[str]:
     """The paper's Sec. 7 volume (one micro-step, in the parameters' bytes), and what
     zero_ref's schedule sends: k micro-steps, at stage 3 no gather of a unit the buffer
@@ -166,7 +167,10 @@ def _volume_lines(
             held = "the units in the buffers" if gathers else "the unit in the buffer"
             why.append(f"no re-gather of {held}")
         if grad_blocks is not None:
-            why.append(f"qgZ: gradients in int8 + a float32 scale for each of {grad_blocks} blocks")
+            why.append(
+                f"qgZ: gradients in int{grad_blocks.bits} + a float32 scale for each of "
+                f"{grad_blocks.blocks} blocks"
+            )
         elif sizes.comm != sizes.param or (stage == 0 and sizes.grad != sizes.param):
             why.append(f"{sizes.comm}-byte gradients on the wire")
         lines.append(f"this schedule ({', '.join(why)}): {expected:,} bytes per rank per step")

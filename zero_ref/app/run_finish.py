@@ -25,7 +25,7 @@ from zero_ref.io.metrics_log import JsonlLog
 from zero_ref.io.tensor_io import SafetensorsWriter
 from zero_ref.io.trace import Trace, write_trace
 from zero_ref.layout.flat import tensor_views
-from zero_ref.layout.grad_blocks import plan_blocks
+from zero_ref.layout.grad_blocks import GradientWire, plan_wire
 from zero_ref.memory_formulas import formula_bytes
 
 
@@ -177,12 +177,12 @@ def sample_text(engine, task: Task, run) -> str | None:
     return text if engine.rank == 0 else None
 
 
-def _qgz_blocks(zero, unit_numels, world: int) -> int | None:
-    """With qgZ: the quantization blocks of a destination row over the bucket plan."""
+def _qgz_blocks(zero, unit_numels, world: int) -> GradientWire | None:
+    """With qgZ: a destination row's values and blocks over the bucket plan, on its wire."""
     if not zero.quantized_gradients:
         return None
-    plan = plan_blocks(unit_numels, world, zero.bucket_numel, zero.quantize_block)
-    return sum(blocks for _, blocks in plan)
+    bits = zero.quantized_gradient_bits
+    return plan_wire(unit_numels, world, zero.bucket_numel, zero.quantize_block, bits)
 
 
 def _qwz_gathers(engine):

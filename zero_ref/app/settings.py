@@ -104,6 +104,10 @@ ENGINE = (
             "elements at most) through an Alltoall, dequantized and summed in rank order in "
             "float32 (docs/zeropp.md)",
             bool, ds=(ZO + "zero_quantized_gradients",), feeds=Z + "quantized_gradients"),
+    Setting("quantized_gradient_bits", "engine", "qgZ's bits: 8 (int8, levels -127..127) "
+            "or 4 (int4, levels -7..7, two values a byte: half the bytes, a 18x coarser step). "
+            "DeepSpeed has no key: its qgZ always sends int4, so pass 4 to match it",
+            int, choices=(8, 4), feeds=Z + "quantized_gradient_bits"),
     Setting("hpz_partition_size", "engine", "stage 3, ZeRO++'s hpZ: a secondary copy of the "
             "parameters sharded over groups of this many consecutive ranks ('host': the "
             "ranks sharing a host, MPI's shared-memory split), filled from each unit's "

@@ -42,6 +42,7 @@ from zero_ref.comm.progress import Progress, progress_for
 from zero_ref.comm.reduction import (
     MPIReduction,
     OrderedReduction,
+    QuantizedWire,
     sum_16bit_words,
     sum_quantized,
     words_of,
@@ -149,18 +150,20 @@ class Comm(NonBlockingCollectives):
         self._timed("reduce_scatter", recv.size, 1, fn, send.dtype.itemsize)
 
     def reduce_scatter_quantized(
-        self, send: np.ndarray, recv: np.ndarray, starts: np.ndarray, wire: tuple
+        self, send: np.ndarray, recv: np.ndarray, starts: np.ndarray, wire: QuantizedWire
     ) -> None:
-        """recv (n,) = sum over ranks of their send block for this rank, through int8 (ZeRO++'s
-        qgZ): send (W*n,) float32 or 16-bit, quantized in the blocks at `starts`
-        (zero_ref/layout/grad_blocks.py); wire = (send bytes, received bytes), two (W, P)
-        uint8 buffers, P = n + 4 * len(starts). The ledger counts the bytes moved."""
+        """recv (n,) = sum over ranks of their send block for this rank, through int8 or
+        int4 (ZeRO++'s qgZ, wire.bits): send (W*n,) float32 or 16-bit, quantized in the
+        blocks at `starts` (zero_ref/layout/grad_blocks.py); wire: the send and received
+        bytes, two (W, P) uint8 buffers, P = ceil(n bits / 8) + 4 * len(starts). The ledger
+        counts the bytes moved, as reduce_scatter_int8 or reduce_scatter_int4."""
         self._check(send, recv, same_dtype=False)
         check_quantized(send, recv, starts, wire, self.size)
         self.arrays.sync()
-        self._agree("reduce_scatter_int8", recv.size, f"blocks {len(starts)}")
-        fn = lambda: sum_quantized(self.mpi, send, recv, starts, *wire, self.arrays)  # noqa: E731
-        self._timed("reduce_scatter_int8", wire[0].shape[1], 1, fn, 1)
+        kind = f"reduce_scatter_int{wire.bits}"
+        self._agree(kind, recv.size, f"blocks {len(starts)}")
+        fn = lambda: sum_quantized(self.mpi, send, recv, starts, wire, self.arrays)  # noqa: E731
+        self._timed(kind, wire.send.shape[1], 1, fn, 1)
 
     def _reduce_scatter_rounded(self, send: np.ndarray, recv: np.ndarray) -> None:
         """A float32 sum by the policy, rounded once into the 16-bit recv."""

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from zero_ref.dtypes import FP32, ElementBytes
+from zero_ref.layout.grad_blocks import GradientWire
 
 # The GPU path's PCIe copies: collectives staged through host memory, and ZeRO-Offload's
 # gradients down to the CPU optimizer and parameters back up.
@@ -223,7 +224,7 @@ def expected_sent_bytes(
     skipped: bool = False,
     after_skipped: bool = False,
     gathers: Sequence[int] | QuantizedGathers | HierarchicalGathers | None = None,
-    grad_blocks: int | None = None,
+    grad_blocks: int | GradientWire | None = None,
 ) -> int:
     """Bytes one rank sends per step for parameters and gradients in zero_ref's schedule.
 
@@ -240,21 +241,26 @@ def expected_sent_bytes(
     qwZ a QuantizedGathers: forward's gathers then send (W-1)/W * (numel + 4 numel /
     block) bytes each, backward's their parameters' dtype; with hpZ a HierarchicalGathers:
     its group gathers send (G-1)/G of their units in the parameters' dtype (hpz_sent_bytes
-    gives the two parts apart). `grad_blocks` (qgZ): the number of quantization
-    blocks of a destination row, summed over the buckets
-    (zero_ref/layout/grad_blocks.py); each micro-step's reduce-scatter then sends (W-1) x
-    (psi / W + 4 grad_blocks) bytes (int8 values and float32 scales) in place of
-    (W-1)/W x psi x sizes.comm."""
+    gives the two parts apart). `grad_blocks` (qgZ): its GradientWire (zero_ref/layout/
+    grad_blocks.py plan_wire: the packed values and the blocks of a destination row,
+    summed over the buckets), or for int8 the number of blocks alone; each micro-step's
+    reduce-scatter then sends (W-1) x row_bytes in place of (W-1)/W x psi x sizes.comm:
+    in int8 (W-1) x (psi / W + 4 blocks), in int4 (W-1) x (sum over buckets of
+    ceil(C_b / 2) + 4 blocks), C_b a bucket's columns."""
     psi, k = sum(unit_numels), grad_accum
     fraction = (world_size - 1) / world_size
     if stage == 0:
         return int(fraction * psi * k * (sizes.comm + sizes.grad))
-    if grad_blocks is not None:  # qgZ: int8 gradients; the rest as without it
+    if grad_blocks is not None:  # qgZ: int8 or int4 gradients; the rest as without it
         no_grads = ElementBytes(sizes.param, sizes.grad, 0)  # the parameters' bytes alone
         params = expected_sent_bytes(
             stage, unit_numels, world_size, grad_accum, no_grads, skipped, after_skipped, gathers
         )
-        return params + k * (world_size - 1) * (psi // world_size + 4 * grad_blocks)
+        if isinstance(grad_blocks, GradientWire):
+            row = grad_blocks.row_bytes
+        else:
+            row = psi // world_size + 4 * grad_blocks  # int8: a byte a value
+        return params + k * (world_size - 1) * row
     if stage < 3:
         return int(fraction * psi * (k * sizes.comm + (0 if skipped else sizes.param)))
     if isinstance(gathers, HierarchicalGathers):

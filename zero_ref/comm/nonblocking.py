@@ -27,6 +27,7 @@ from mpi4py import MPI
 from zero_ref.comm.in_flight import InFlight
 from zero_ref.comm.reduction import isum_16bit_words, isum_quantized, words_of
 from zero_ref.dtypes import DTYPES
+from zero_ref.quantize import segment_payload_bytes
 
 
 def check_bytes(send: np.ndarray, recv: np.ndarray, world: int) -> None:
@@ -41,10 +42,11 @@ def check_bytes(send: np.ndarray, recv: np.ndarray, world: int) -> None:
         raise ValueError(f"block of {send.size} bytes x {world} ranks != {recv.size}")
 
 
-def check_quantized(send, recv, starts: np.ndarray, wire: tuple, world: int) -> None:
-    """A quantized reduce-scatter's byte buffers: two contiguous (W, n + 4 blocks) uint8."""
-    shape = (world, recv.size + 4 * len(starts))
-    for buf in wire:
+def check_quantized(send, recv, starts: np.ndarray, wire, world: int) -> None:
+    """A quantized reduce-scatter's byte buffers: two contiguous (W, P) uint8, P the
+    payload of n values in wire.bits (8 or 4) and 4 bytes a block."""
+    shape = (world, segment_payload_bytes(recv.size, len(starts), wire.bits))
+    for buf in (wire.send, wire.got):
         if buf.dtype != np.uint8 or not buf.flags.c_contiguous or buf.shape != shape:
             raise ValueError(
                 f"a quantized reduce-scatter needs contiguous uint8 buffers of shape {shape}; "
@@ -76,7 +78,7 @@ class NonBlockingCollectives:
         return self._issued("reduce_scatter", recv.size, itemsize, request, finish, keep, t0)
 
     def ireduce_scatter_quantized(
-        self, send: np.ndarray, recv: np.ndarray, starts: np.ndarray, wire: tuple, lane: str = ""
+        self, send: np.ndarray, recv: np.ndarray, starts: np.ndarray, wire, lane: str = ""
     ) -> InFlight:
         """reduce_scatter_quantized, issued: quantized and its Alltoall issued now, the
         received blocks dequantized and added in rank order when they are in."""
@@ -84,10 +86,10 @@ class NonBlockingCollectives:
         self._check(send, recv, same_dtype=False)
         check_quantized(send, recv, starts, wire, self.size)
         self.arrays.sync()
-        self._agree("reduce_scatter_int8", recv.size, f"blocks {len(starts)}")
-        request, finish, keep = isum_quantized(self.mpi, send, recv, starts, *wire, self.arrays)
-        row_bytes = wire[0].shape[1]
-        return self._issued("reduce_scatter_int8", row_bytes, 1, request, finish, keep, t0)
+        kind = f"reduce_scatter_int{wire.bits}"
+        self._agree(kind, recv.size, f"blocks {len(starts)}")
+        request, finish, keep = isum_quantized(self.mpi, send, recv, starts, wire, self.arrays)
+        return self._issued(kind, wire.send.shape[1], 1, request, finish, keep, t0)
 
     def _ireduce_scatter_rounded(self, send: np.ndarray, recv: np.ndarray):
         """A float32 sum by the policy into a temporary, rounded once into recv after."""

@@ -7,9 +7,9 @@
                     the result bitwise equal to the oracle's rank-order sum.
   sum_16bit_words   16-bit values (no MPI type for bfloat16): an Alltoall of the
                     words, widened to float32, added in rank order, rounded once.
-  sum_quantized     ZeRO++'s qgZ: each destination block quantized to int8 (block
-                    scales, zero_ref/quantize.py), an Alltoall of the bytes, each
-                    received block dequantized, added in rank order, rounded once.
+  sum_quantized     ZeRO++'s qgZ: each destination block quantized to int8 or int4
+                    (block scales, zero_ref/quantize.py), an Alltoall of the bytes,
+                    each received block dequantized, added in rank order, rounded once.
 
 Each sum also has an issued form (`ireduce_scatter`, `isum_16bit_words`) for the
 non-blocking calls of zero_ref/comm/nonblocking.py: the same bytes moved, the same
@@ -23,6 +23,7 @@ zero_ref/comm/collectives.py's Comm (and nonblocking.py's calls) the only caller
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 from mpi4py import MPI
@@ -118,40 +119,56 @@ def words_of(buf: np.ndarray) -> np.ndarray:
     return buf.view(np.uint16) if buf.dtype.itemsize == 2 else buf
 
 
-def quantize_staging(staging, starts: np.ndarray, send: np.ndarray, arrays: HostArrays) -> None:
+class QuantizedWire(NamedTuple):
+    """qgZ's byte buffers for one reduce-scatter: `send` and `got`, two (W, P) uint8 (row d
+    of send goes to rank d, row r of got came from rank r), P the payload of a row in
+    `bits`-bit values and float32 block scales (zero_ref/quantize.py)."""
+
+    send: np.ndarray
+    got: np.ndarray
+    bits: int = 8
+
+
+def quantize_staging(staging, starts: np.ndarray, send: np.ndarray, arrays: HostArrays,
+                     bits: int = 8) -> None:  # fmt: skip
     """send (W, P) uint8 <- each row of staging (W, n) (float32 or 16-bit, widened
-    exactly) quantized in the blocks at `starts` (zero_ref/layout/grad_blocks.py)."""
+    exactly) quantized in `bits` in the blocks at `starts` (zero_ref/layout/grad_blocks.py)."""
     world, n = send.shape[0], staging.size // send.shape[0]
     rows = staging.reshape(world, n)
     wide = None if rows.dtype == np.float32 else arrays.temporary(n, np.float32)
     for d in range(world):
         row = rows[d] if wide is None else arrays.widen_into(wide, rows[d])
-        pack_rows(row.reshape(1, n), starts, send[d : d + 1])
+        pack_rows(row.reshape(1, n), starts, send[d : d + 1], bits)
 
 
-def dequantize_sum(got: np.ndarray, starts: np.ndarray, recv, arrays: HostArrays) -> None:
+def dequantize_sum(got: np.ndarray, starts: np.ndarray, recv, arrays: HostArrays,
+                   bits: int = 8) -> None:  # fmt: skip
     """recv (n,) <- the W received rows of got (W, P) dequantized, added in rank order in
     float32, rounded once into recv's dtype."""
     n = recv.size
     total = recv if recv.dtype == np.float32 else arrays.temporary(n, np.float32)
-    unpack_sum(got, starts, total, arrays.temporary(n, np.float32))
+    unpack_sum(got, starts, total, arrays.temporary(n, np.float32), bits)
     if total is not recv:
         arrays.round_into(recv, total)
 
 
-def sum_quantized(mpi: MPI.Comm, staging, recv, starts, send, got, arrays=HOST) -> None:
-    """recv = this rank's block of the sum over ranks of staging (W*n,), through int8: every
-    rank quantizes its W destination blocks into send (W, P) uint8, an Alltoall moves them
-    into got (W, P) (row r: rank r's block for me), and each row is dequantized and added
-    in rank order. Deterministic in both modes (the order is the rank order)."""
-    quantize_staging(staging, starts, send, arrays)
-    mpi.Alltoall(send, got)
-    dequantize_sum(got, starts, recv, arrays)
+def sum_quantized(mpi: MPI.Comm, staging, recv, starts, wire: QuantizedWire, arrays=HOST) -> None:
+    """recv = this rank's block of the sum over ranks of staging (W*n,), through int8 or
+    int4 (wire.bits): every rank quantizes its W destination blocks into wire.send (W, P)
+    uint8, an Alltoall moves them into wire.got (W, P) (row r: rank r's block for me), and
+    each row is dequantized and added in rank order. Deterministic in both modes (the
+    order is the rank order)."""
+    quantize_staging(staging, starts, wire.send, arrays, wire.bits)
+    mpi.Alltoall(wire.send, wire.got)
+    dequantize_sum(wire.got, starts, recv, arrays, wire.bits)
 
 
-def isum_quantized(mpi: MPI.Comm, staging, recv, starts, send, got, arrays=HOST) -> Issued:
+def isum_quantized(
+    mpi: MPI.Comm, staging, recv, starts, wire: QuantizedWire, arrays=HOST
+) -> Issued:
     """sum_quantized, issued: quantized and the Alltoall issued now, dequantized and summed
     when it completes."""
-    quantize_staging(staging, starts, send, arrays)
-    request = mpi.Ialltoall(send, got)
-    return request, lambda: dequantize_sum(got, starts, recv, arrays), (send, got)
+    quantize_staging(staging, starts, wire.send, arrays, wire.bits)
+    request = mpi.Ialltoall(wire.send, wire.got)
+    finish = lambda: dequantize_sum(wire.got, starts, recv, arrays, wire.bits)  # noqa: E731
+    return request, finish, (wire.send, wire.got)

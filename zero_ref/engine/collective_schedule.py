@@ -67,9 +67,10 @@ class BlockingSchedule:
         return Pending("reduce_scatter")
 
     def reduce_bucket_quantized(self, staging, out, starts, wire, lane: int = 0) -> Pending:
-        """Stages 1-3 with qgZ: reduce_bucket through int8 blocks (the Comm's quantized one)."""
+        """Stages 1-3 with qgZ: reduce_bucket through int8 or int4 blocks (the Comm's
+        quantized one; wire: its QuantizedWire)."""
         self.comm.reduce_scatter_quantized(staging, out, starts, wire)
-        return Pending("reduce_scatter_int8")
+        return Pending(f"reduce_scatter_int{wire.bits}")
 
     def gather_unit(self, shard: np.ndarray, out: np.ndarray, lane: int = 0) -> Pending:
         """Stage 3: out <- a unit's full parameters from every rank's shard of it."""

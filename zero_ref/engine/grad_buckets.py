@@ -27,7 +27,8 @@ first: the landings see the buckets one at a time, in the order blocking gives.
 
 With qgZ (ZeRO++'s quantized gradients, `quantize_block`) a bucket goes to the Comm's
 quantized reduce-scatter instead: each destination row cut into the blocks of
-zero_ref/layout/grad_blocks.py, quantized to int8 into the lane's send bytes, moved by
+zero_ref/layout/grad_blocks.py, quantized to int8 or int4 (`quantize_bits`, two values
+a byte) into the lane's send bytes, moved by
 an Alltoall into its receive bytes, dequantized and summed in rank order (one pair of
 byte buffers per lane, in the memory ledger as qgz_send / qgz_recv).
 """
@@ -38,6 +39,7 @@ from collections import deque
 
 import numpy as np
 
+from zero_ref.comm.reduction import QuantizedWire
 from zero_ref.engine.collective_schedule import BlockingSchedule
 from zero_ref.engine.placement import HostPlacement
 from zero_ref.layout.buckets import Bucket, BucketPlan, plan_buckets
@@ -61,6 +63,7 @@ class GradientBuckets:
         wire_dtype: np.dtype,
         landing,
         quantize_block: int | None = None,
+        quantize_bits: int = 8,
     ) -> None:
         self.layout, self.plan, self.schedule, self.place = layout, plan, schedule, place
         self.landing = landing
@@ -71,6 +74,7 @@ class GradientBuckets:
         ]
         self.staging = [place.zeros("buffers", n, self.world * widest, wire_dtype) for n in names]
         self.block = quantize_block  # qgZ's block (None: the plain reduce-scatter)
+        self.bits = quantize_bits  # qgZ's: 8 or 4
         self.wire = self._wire_buffers(place, schedule.lanes) if quantize_block else None
         reduce = self._reduce_quantized if quantize_block else self._reduce
         self.flow = flow_for(schedule, landing, place, widest, landing.dtype, reduce)
@@ -113,7 +117,10 @@ class GradientBuckets:
     def _wire_buffers(self, place: HostPlacement, lanes: int) -> list[tuple]:
         """Per lane, qgZ's send and receive bytes: W rows of the widest bucket's payload."""
         row = max(
-            (segment_payload_bytes(b.shard_numel, len(self._starts(b))) for b in self.plan),
+            (
+                segment_payload_bytes(b.shard_numel, len(self._starts(b)), self.bits)
+                for b in self.plan
+            ),  # fmt: skip
             default=0,
         )
         suffix = [""] + [f" (lane {k})" for k in range(1, lanes)]
@@ -131,8 +138,9 @@ class GradientBuckets:
 
     def _reduce_quantized(self, bucket: Bucket, staging: np.ndarray, out: np.ndarray, lane: int):
         starts = self._starts(bucket)
-        row = segment_payload_bytes(bucket.shard_numel, len(starts))
-        wire = tuple(b[: self.world * row].reshape(self.world, row) for b in self.wire[lane])
+        row = segment_payload_bytes(bucket.shard_numel, len(starts), self.bits)
+        send, got = (b[: self.world * row].reshape(self.world, row) for b in self.wire[lane])
+        wire = QuantizedWire(send, got, self.bits)
         return self.schedule.reduce_bucket_quantized(staging, out, starts, wire, lane)
 
     def _staging(self, bucket: Bucket, lane: int) -> np.ndarray:

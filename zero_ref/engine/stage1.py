@@ -78,8 +78,9 @@ class Stage1OptimizerSharded(Stage0DataParallel):
         self._init_updated_gathers()
         qgz = self.cfg.quantize_block if self.cfg.quantized_gradients else None
         self.buckets = GradientBuckets(
-            self.layout, plan, self.schedule, self.place, self.precision.comm, landing, qgz
-        )
+            self.layout, plan, self.schedule, self.place, self.precision.comm, landing, qgz,
+            self.cfg.quantized_gradient_bits,
+        )  # fmt: skip
 
     def _optimizer_numel(self) -> int:
         return self.layout.shard_numel

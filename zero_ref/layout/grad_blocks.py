@@ -19,6 +19,7 @@ block's elements, hence the rounding of a rank's contribution, move with W.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -59,3 +60,30 @@ def plan_blocks(
     offsets = [sum(numels[:i]) for i in range(len(numels))]
     plan = plan_buckets(numels, offsets, bucket_numel, world_size)
     return [(b.shard_numel, len(block_starts(offsets, numels, b, block))) for b in plan]
+
+
+@dataclass(frozen=True)
+class GradientWire:
+    """What one destination row of every bucket puts on qgZ's wire per micro-step, summed
+    over the bucket plan: `value_bytes` of packed values (a bucket of C columns: C bytes
+    in int8, ceil(C / 2) in int4, a row of odd width ending in a padding nibble) and one
+    float32 scale for each of `blocks` blocks. A rank sends W - 1 such rows."""
+
+    bits: int
+    blocks: int
+    value_bytes: int
+
+    @property
+    def row_bytes(self) -> int:
+        return self.value_bytes + 4 * self.blocks
+
+
+def plan_wire(
+    unit_numels: Sequence[int], world_size: int, bucket_numel: int, block: int, bits: int
+) -> GradientWire:
+    """The GradientWire of units of these padded sizes (plan_blocks' buckets)."""
+    if bits not in (8, 4):
+        raise ValueError(f"bits={bits!r} is not allowed: qgZ quantizes gradients to 8 or 4 bits")
+    plan = plan_blocks(unit_numels, world_size, bucket_numel, block)
+    values = sum((columns * bits + 7) // 8 for columns, _ in plan)
+    return GradientWire(bits, sum(blocks for _, blocks in plan), values)
