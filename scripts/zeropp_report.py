@@ -226,6 +226,7 @@ def bytes_table(rows: list[dict]) -> str:
             continue
         run = r["runs"]["unlimited"]
         formula, paper = r["link_formula"], r["paper_bytes"]
+        busier = max(run["link_rx_bytes"], run["link_tx_bytes"])
         out.append(
             [
                 r["config"],
@@ -234,7 +235,7 @@ def bytes_table(rows: list[dict]) -> str:
                 "-" if paper is None else f"{paper:,.0f}",
                 "-" if formula is None else f"{formula:,.0f}",
                 f"{run['link_rx_bytes']:,.0f} / {run['link_tx_bytes']:,.0f}",
-                "-" if formula is None else f"{max(run['link_rx_bytes'], run['link_tx_bytes']) / formula:.2f}",
+                "-" if formula is None else f"{busier / formula:.2f}",
                 f"{both_ways(run) / base:.2f}",
             ]
         )  # fmt: skip
