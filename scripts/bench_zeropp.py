@@ -40,7 +40,7 @@ import sys
 from pathlib import Path
 
 from bench_common import add_record_flag, emit, load_average
-from bench_overlap import parse_list, stop, train_help
+from bench_overlap import medians, parse_list, stop, train_help
 from netns_pair import NetnsError, NetnsPair
 from overlap_runs import SKIP_FIRST, link_rate, rank_env, read_log, run_train
 from zeropp_report import (
@@ -74,6 +74,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--configs", default="all", help="names from zeropp_report.SETUPS, or all")
     p.add_argument("--rates", default=",".join(f"{r:g}" for r in RATES_MBIT), help="Mbit/s")
     p.add_argument("--steps", type=int, default=20, help="steps per link run (default: 20)")
+    p.add_argument(
+        "--repeats", type=int, default=1, help="link runs of each, interleaved (median; 1)"
+    )
     p.add_argument("--steps-loss", type=int, default=800, help="steps per loss run (800)")
     p.add_argument("--seeds", default="0,1,2", help="the loss part's seeds (default: 0,1,2)")
     p.add_argument(
@@ -108,6 +111,8 @@ def parse_args() -> argparse.Namespace:
         p.error(f"--steps {a.steps}: at least {SKIP_FIRST + 3} (the first {SKIP_FIRST} skipped)")
     if a.steps_loss < 50:
         p.error(f"--steps-loss {a.steps_loss}: at least 50 (the final loss is the last 50's mean)")
+    if a.repeats < 1:
+        p.error(f"--repeats {a.repeats}: at least 1")
     if a.quantize_block < 1:
         p.error(f"--quantize-block {a.quantize_block}: at least 1")
     return a
@@ -143,9 +148,16 @@ def link_part(setups: list[Setup], known: str, a: argparse.Namespace) -> tuple[l
                 link = {"rate_mbit": rate, "link_bytes_s": link_rate(pair)}
                 links.append(link)
                 print(f"link {rate_key(rate)}: {link['link_bytes_s'] / 1e6:.1f} MB/s", flush=True)
-                for setup, row in zip(setups, rows, strict=True):
+                runs: dict[str, list[dict]] = {}
+                for _ in range(a.repeats):  # configurations interleaved: a busy spell hits all
+                    for setup, row in zip(setups, rows, strict=True):
+                        if not row["skipped"]:
+                            runs.setdefault(setup.name, []).append(
+                                link_run(pair, setup, row, rate, log, a)
+                            )
+                for row in rows:
                     if not row["skipped"]:
-                        link_run(pair, setup, row, rate, log, a)
+                        row.setdefault("runs", {})[rate_key(rate)] = medians(runs[row["config"]])
     except NetnsError as exc:
         raise SystemExit(f"bench_zeropp.py: cannot make the two hosts: {exc}") from None
     finally:
@@ -153,11 +165,10 @@ def link_part(setups: list[Setup], known: str, a: argparse.Namespace) -> tuple[l
     return links, rows
 
 
-def link_run(pair, setup: Setup, row: dict, rate, log: Path, a: argparse.Namespace) -> None:
-    """One configuration on the current link; on the unlimited one, its ledger too."""
+def link_run(pair, setup: Setup, row: dict, rate, log: Path, a: argparse.Namespace) -> dict:
+    """One configuration's run on the current link; on the unlimited one, its ledger too."""
     flags = [*row["flags"], "--steps", str(a.steps)]
     run = run_train(pair, flags, log, a.timeout, "block")
-    row.setdefault("runs", {})[rate_key(rate)] = run
     if rate is None:
         final, ledger, equal = ledger_of(log)
         row.update(
@@ -173,6 +184,7 @@ def link_run(pair, setup: Setup, row: dict, rate, log: Path, a: argparse.Namespa
         f"{run['link_rx_bytes']:,.0f} / {run['link_tx_bytes']:,.0f} bytes a step",
         flush=True,
     )
+    return run
 
 
 # ---- the loss part
@@ -261,6 +273,7 @@ def main() -> None:
     result["settings"] = {
         "parts": a.parts,
         "steps": a.steps,
+        "repeats": a.repeats,
         "steps_loss": a.steps_loss,
         "seeds": a.seeds,
         "quantize_block": a.quantize_block,

@@ -304,6 +304,6 @@ def checks_text(checks: list[dict]) -> str:
 
     lines = []
     for c in checks:
-        value = "-" if c["value"] is None else f"{c['value']:.3f}"
+        value = "-" if c["value"] is None else f"{c['value']:.3g}"
         lines.append(f"- {c['target']}: {value}, {verdict(c)}")
     return "\n".join(lines)
