@@ -135,6 +135,12 @@ def ledger_of(log: Path) -> tuple[dict, dict[str, int], bool]:
     return final, per_rank[0], all(x == per_rank[0] for x in per_rank)
 
 
+def kind_seconds(final: dict) -> dict[str, float]:
+    """The last step's seconds in each collective kind, the median over ranks."""
+    per_rank = [r["comm_last_step"] for r in final["ranks"]]
+    return {k: statistics.median(c[k]["seconds"] for c in per_rank) for k in per_rank[0]}
+
+
 def link_part(setups: list[Setup], known: str, a: argparse.Namespace) -> tuple[list, list]:
     """Every configuration on the unlimited link, then at each rate: (links, rows)."""
     rows = [{"config": s.name, "flags": flags_of(s, a), "skipped": unknown_flags(s, known)}
@@ -169,8 +175,10 @@ def link_run(pair, setup: Setup, row: dict, rate, log: Path, a: argparse.Namespa
     """One configuration's run on the current link; on the unlimited one, its ledger too."""
     flags = [*row["flags"], "--steps", str(a.steps)]
     run = run_train(pair, flags, log, a.timeout, "block")
+    final, ledger, equal = ledger_of(log)
+    seconds = row.setdefault("kind_seconds", {}).setdefault(rate_key(rate), [])
+    seconds.append(kind_seconds(final))
     if rate is None:
-        final, ledger, equal = ledger_of(log)
         row.update(
             ledger=ledger,
             ledger_ranks_equal=equal,

@@ -84,7 +84,7 @@ def blocks_figure(result: dict) -> plt.Figure:
         x = np.arange(b["blocks"])
         ax.scatter(x, b["max_rel"], s=3, color="C0", label="max |x - x'| / amax")
         ax.scatter(x, b["rms_rel"], s=3, color="C1", label="RMS |x - x'| / amax")
-        ax.axhline(bound, color="k", linestyle="--", linewidth=0.8,
+        ax.axhline(bound, color="tab:red", linestyle="--", linewidth=0.9, zorder=3,
                    label=f"bound 0.5/127 = {bound:.5f}")  # fmt: skip
         edges = [i for i in range(1, b["blocks"]) if b[group][i] != b[group][i - 1]]
         top = 1.15 * bound
