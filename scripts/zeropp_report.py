@@ -94,15 +94,20 @@ def unknown_flags(setup: Setup, train_help: str) -> str | None:
 # ---- bytes
 
 
+# The ledger's kinds over the whole world (a group's kinds carry its suffix, e.g. _hpz).
+WORLD_FLAT = ("allgather", "allgather_int8", "reduce_scatter", "reduce_scatter_int8", "alltoall")
+WORLD_ALLREDUCE = ("allreduce", "allreduce_min", "allreduce_max", "loss", "norm")
+
+
 def link_factor(kind: str, world: int = PER_HOST * HOSTS) -> float:
     """Bytes on the link each way per ledger byte of one rank, for one collective kind
     (the module docstring's model: ranks in blocks on two hosts)."""
     per_host = world // HOSTS
     if kind.endswith("_hpz"):
         return 0.0  # in the host group: shared memory
-    if kind in ("loss", "norm") or kind.startswith("allreduce"):
+    if kind in WORLD_ALLREDUCE:
         return world / (2 * (world - 1))
-    if kind.startswith(("allgather", "reduce_scatter", "alltoall")):
+    if kind in WORLD_FLAT:
         return per_host**2 / (world - 1)
     raise KeyError(f"no link formula for ledger kind {kind!r}")
 

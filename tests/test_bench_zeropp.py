@@ -55,7 +55,8 @@ def test_the_link_formula_puts_a_world_collective_s_whole_buffer_on_the_link(wor
 
 
 def test_a_ledger_kind_without_a_formula_gives_none():
-    assert zr.link_formula({"allgather": 300, "allreduce_hybrid_xyz": 10}) is not None
+    assert zr.link_formula({"allgather": 300, "allreduce_max": 10}) == 400 + 10 * 2 / 3
+    assert zr.link_formula({"allgather": 300, "allreduce_hybrid": 10}) is None
     assert zr.link_formula({"allgather": 300, "broadcast": 10}) is None
 
 
