@@ -45,14 +45,14 @@ def loss_figure(result: dict) -> plt.Figure:
     rows = [r for r in result["loss_rows"] if not r.get("skipped")]
     fig, (whole, tail) = plt.subplots(1, 2, figsize=(11, 4.2))
     for i, r in enumerate(rows):
-        color = f"C{i}"
+        color, style = f"C{i}", ("-", "--", ":", "-.")[i % 4]  # identical curves stay visible
         steps = np.arange(1, len(r["curve"]) + 1)
         smooth = running_mean(r["curve"])
         label = (f"{r['config']}: final {r['mean']:.4f} "
                  f"(spread {r['spread']:.4f}, {len(r['final_loss'])} seeds)")  # fmt: skip
         whole.plot(steps, r["curve"], color=color, alpha=0.15, linewidth=0.5)
-        whole.plot(steps, smooth, color=color, linewidth=1.2, label=label)
-        tail.plot(steps[-TAIL:], smooth[-TAIL:], color=color, linewidth=1.2)
+        whole.plot(steps, smooth, color=color, linestyle=style, linewidth=1.2, label=label)
+        tail.plot(steps[-TAIL:], smooth[-TAIL:], color=color, linestyle=style, linewidth=1.2)
     s = result["settings"]
     seed = rows[0].get("curve_seed", 0)
     whole.set_title(f"bf16 stage 3, 4 ranks, seed {seed}: loss per step "
