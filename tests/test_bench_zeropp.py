@@ -178,3 +178,28 @@ def test_the_blocks_figure_draws_every_block_under_its_bound(plot):
     assert [len(c.get_offsets()) for c in weights.collections] == [5, 5]
     assert "5 blocks of <= 256" in weights.get_title()
     assert len(grads.lines) == 1 + 3  # the bound and a line at each new rank
+
+
+@pytest.mark.parametrize(
+    "result, png, draw",
+    [
+        ("bench_zeropp_loss", "zeropp_loss.png", "loss_figure"),
+        ("zeropp_quantize_blocks", "zeropp_quantize_error.png", "blocks_figure"),
+    ],
+)
+def test_the_docs_figures_are_drawn_from_recorded_results(plot, result, png, draw):
+    """docs/zeropp.md shows each figure, committed beside the result it is drawn from, and
+    that result draws without anything outside the axes (the loss figure: a curve for
+    every configuration the result ran)."""
+    import json
+
+    plot_run, plot_zeropp = plot
+    data = json.loads((REPO / "docs" / "results" / f"{result}.json").read_text())
+    assert f"](img/{png})" in (REPO / "docs" / "zeropp.md").read_text()
+    assert (REPO / "docs" / "img" / png).stat().st_size > 10_000
+    fig = getattr(plot_zeropp, draw)(data)
+    assert plot_run.outside_axes(fig) == []
+    if draw == "loss_figure":
+        ran = [r["config"] for r in data["loss_rows"] if not r.get("skipped")]
+        named = [t.get_text().split(":")[0] for t in fig.legends[0].get_texts()]
+        assert named == ran and len(ran) >= 5
