@@ -119,7 +119,33 @@ def zeropp_loss(res: Result) -> str:
     )
 
 
+def zeropp_blocks(res: Result) -> str:
+    """scripts/quantize_blocks.py's blocks (the figure's data): per kind the blocks, the
+    largest and the mean per-block max error over amax, and the mean RMS over amax."""
+    d = res.data
+    rows = []
+    for key, what in (("weights", "qwZ: forward's weights"), ("gradients", "qgZ: gradients")):
+        b = d[key]
+        mean_max = sum(b["max_rel"]) / b["blocks"]
+        rows.append([what, f"{b['blocks']:,} of <= {d['block']}", f"{b['max_of_max_rel']:.7f}",
+                     f"{mean_max:.7f}", f"{b['mean_rms_rel']:.5f}"])  # fmt: skip
+    header = ["blocks of", "blocks", "max err / amax", "mean per-block max", "mean RMS / amax"]
+    caption = (
+        f"{d['precision']}, {d['world']} ranks' gradients, after {d['steps']} steps "
+        f"(loss {d['loss']:.4f}). "
+    )
+    return f"{caption}{measured_by(res)}\n\n{table(header, rows)}"
+
+
 RENDERERS = {
     f.__name__: f
-    for f in (qwz_padding, qwz_error, qgz_error, zeropp_bytes, zeropp_times, zeropp_loss)
+    for f in (
+        qwz_padding,
+        qwz_error,
+        qgz_error,
+        zeropp_bytes,
+        zeropp_times,
+        zeropp_loss,
+        zeropp_blocks,
+    )
 }
