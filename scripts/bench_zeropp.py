@@ -13,11 +13,11 @@ skipped, with the reason). Two parts:
 
 - link (root): scripts/netns_pair.py's two namespace hosts x 2 ranks, ranks in blocks
   (Hydra's default), UCX over TCP on the veth, tbf on both ends; on the unlimited link
-  and at each --rates value: each configuration's median step time after the first 2
-  steps and its link bytes per step each way (the veth counters' slope, read as each
-  step's --log-jsonl line appears: scripts/overlap_runs.py's run_train), beside the
-  last step's ledger by kind (rank 0), the paper's cross-node bytes and our formula for
-  the link (zeropp_report.link_formula);
+  and at each --rates value (default 100, 30, 10 Mbit/s): each configuration's median
+  step time after the first 2 steps and its link bytes per step each way (the veth
+  counters' slope, read as each step's --log-jsonl line appears: scripts/overlap_runs.py's
+  run_train), beside the last step's ledger by kind (rank 0), the paper's cross-node
+  bytes and our formula for the link (zeropp_report.link_formula);
 - loss: 4 ranks on this host (the loss does not depend on the network), --steps-loss
   steps (800, zero_ref.train's defaults otherwise) per configuration and seed: the
   final loss (the mean of the last 50 steps), its mean and spread over the seeds, and

@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-RATES_MBIT = (100.0, 30.0)  # besides the unlimited link
+RATES_MBIT = (100.0, 30.0, 10.0)  # besides the unlimited link
 PER_HOST, HOSTS = 2, 2
 LOSS_TAIL = 50  # final loss: the mean of the last this many steps
 BYTES_TARGET = 0.3  # all three's link bytes <= this x plain stage 3's
