@@ -203,3 +203,46 @@ def test_the_docs_figures_are_drawn_from_recorded_results(plot, result, png, dra
         ran = [r["config"] for r in data["loss_rows"] if not r.get("skipped")]
         named = [t.get_text().split(":")[0] for t in fig.legends[0].get_texts()]
         assert named == ran and len(ran) >= 5
+
+
+def test_the_ledger_and_seconds_are_read_from_the_final_record(tmp_path):
+    import json
+
+    import bench_zeropp
+
+    ranks = [
+        {"comm_last_step": {"allgather": {"sent_bytes": 300, "seconds": s},
+                            "loss": {"sent_bytes": 48, "seconds": 0.001}}}
+        for s in (0.01, 0.03, 0.02, 0.04)
+    ]  # fmt: skip
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps({"step": 1}) + "\n" + json.dumps({"final": True, "ranks": ranks}))
+    final, ledger, equal = bench_zeropp.ledger_of(log)
+    assert ledger == {"allgather": 300, "loss": 48} and equal
+    assert bench_zeropp.kind_seconds(final)["allgather"] == pytest.approx(0.025)  # median
+    ranks[2]["comm_last_step"]["allgather"]["sent_bytes"] = 301
+    log.write_text(json.dumps({"final": True, "ranks": ranks}))
+    assert bench_zeropp.ledger_of(log)[2] is False
+
+
+def test_the_loss_part_runs_seed_by_seed_and_skips_what_train_does_not_know(monkeypatch):
+    import argparse
+
+    import bench_zeropp
+
+    calls = []
+
+    def fake_run(flags, seed, a, log):
+        calls.append((flags[-1] if "--quantized-weights" in flags else "plain", seed))
+        return [{"loss": 3.0 - i / 100 + seed, "step_time_s": 0.1} for i in range(60)]
+
+    monkeypatch.setattr(bench_zeropp, "loss_run", fake_run)
+    a = argparse.Namespace(seeds=[0, 1], quantize_block=256, model_flags="", prefix="t")
+    setups = zr.setups_named("+qwZ,hybrid (host)")
+    rows = bench_zeropp.loss_part(setups, HELP, a)
+    assert [c[1] for c in calls] == [0, 0, 1, 1]  # every configuration of a seed, then the next
+    plain, qwz, hybrid = rows
+    assert hybrid["skipped"] and hybrid["final_loss"] == [] and "mean" not in hybrid
+    assert plain["final_loss"] == pytest.approx([3.0 - 0.345, 4.0 - 0.345])  # last 50 of 60
+    assert plain["curve_seed"] == 0 and len(plain["curve"]) == 60 and plain["curve"][0] == 3.0
+    assert qwz["spread"] == pytest.approx(1.0)
