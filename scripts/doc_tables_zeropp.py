@@ -1,10 +1,12 @@
 """The renderers of docs/zeropp.md's measured tables (scripts/doc_tables.py calls them):
 qwZ's padding and its quantization error per block, from scripts/quantize_error.py's
-recorded results, and qgZ's error per gradient block, from scripts/qgz_error.py's."""
+recorded results, qgZ's error per gradient block, from scripts/qgz_error.py's, and the
+two-host measurements of scripts/bench_zeropp.py (its tables are zeropp_report.py's)."""
 
 from __future__ import annotations
 
 from doc_tables_render import Result, measured_by, table
+from zeropp_report import bytes_table, checks_text, loss_table, times_table
 
 
 def qwz_padding(large: Result, small: Result) -> str:
@@ -87,4 +89,73 @@ def qgz_error(*results: Result) -> str:
     return f"{measured_by(*results)}\n\n{table(header, rows)}"
 
 
-RENDERERS = {f.__name__: f for f in (qwz_padding, qwz_error, qgz_error)}
+# ---- docs/zeropp.md's "Measured on two hosts" (scripts/bench_zeropp.py, zeropp_report.py)
+
+
+def _targets(res: Result, start: str) -> str:
+    return checks_text([c for c in res.data["targets"] if c["target"].startswith(start)])
+
+
+def zeropp_bytes(res: Result) -> str:
+    """Per configuration: the ledger by kind beside the paper's bytes and our link
+    formula, the link's bytes measured each way, and the bytes target."""
+    return "\n\n".join(
+        [measured_by(res), bytes_table(res.data["link_rows"]), _targets(res, "all three's link")]
+    )
+
+
+def zeropp_times(res: Result) -> str:
+    """Step time per configuration and link, and the step-time targets."""
+    return "\n\n".join(
+        [
+            measured_by(res),
+            times_table(res.data["link_rows"], res.data["links"]),
+            _targets(res, "at "),
+        ]
+    )
+
+
+def zeropp_loss(res: Result) -> str:
+    """Final loss per configuration over the seeds, and the loss targets."""
+    s = res.data["settings"]
+    seeds = ", ".join(str(x) for x in s["seeds"])
+    return "\n\n".join(
+        [
+            f"{s['steps_loss']} steps, seeds {seeds}, {s['ranks']} ranks on one host. "
+            + measured_by(res),
+            loss_table(res.data["loss_rows"]),
+            checks_text(res.data["targets"]),
+        ]
+    )
+
+
+def zeropp_blocks(res: Result) -> str:
+    """scripts/quantize_blocks.py's blocks (the figure's data): per kind the blocks, the
+    largest and the mean per-block max error over amax, and the mean RMS over amax."""
+    d = res.data
+    rows = []
+    for key, what in (("weights", "qwZ: forward's weights"), ("gradients", "qgZ: gradients")):
+        b = d[key]
+        mean_max = sum(b["max_rel"]) / b["blocks"]
+        rows.append([what, f"{b['blocks']:,} of <= {d['block']}", f"{b['max_of_max_rel']:.7f}",
+                     f"{mean_max:.7f}", f"{b['mean_rms_rel']:.5f}"])  # fmt: skip
+    header = ["blocks of", "blocks", "max err / amax", "mean per-block max", "mean RMS / amax"]
+    caption = (
+        f"{d['precision']}, {d['world']} ranks' gradients, after {d['steps']} steps "
+        f"(loss {d['loss']:.4f}). "
+    )
+    return f"{caption}{measured_by(res)}\n\n{table(header, rows)}"
+
+
+RENDERERS = {
+    f.__name__: f
+    for f in (
+        qwz_padding,
+        qwz_error,
+        qgz_error,
+        zeropp_bytes,
+        zeropp_times,
+        zeropp_loss,
+        zeropp_blocks,
+    )
+}
