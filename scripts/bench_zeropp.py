@@ -184,7 +184,7 @@ def link_run(pair, setup: Setup, row: dict, rate, log: Path, a: argparse.Namespa
             ledger_ranks_equal=equal,
             numel_padded=final["numel_padded"],
             expected_sent_bytes=final["expected_sent_bytes"],
-            link_formula=link_formula(ledger, PER_HOST * HOSTS),
+            link_formula=link_formula(ledger, PER_HOST * HOSTS, setup.groups_in_host),
             paper_bytes=paper_bytes(setup, final["numel_padded"]),
         )
     print(
