@@ -65,7 +65,7 @@ SETUPS: tuple[Setup, ...] = (
     Setup("hybrid (host)", ("--hybrid-shard-size", "host"), None, groups_in_host=True),
     Setup("+qgZ int4", (*INT4,), (1.0, 1.0, 0.25)),
     Setup(
-        "all three, int4 qgZ",
+        "all three (int4 qgZ)",
         ("--quantized-weights", "--hpz-partition-size", "host", *INT4),
         (0.5, 0.0, 0.25),  # the paper's ZeRO++: 0.75 M
     ),
@@ -189,7 +189,7 @@ def check(target: str, value: float | None, bound: float) -> dict:
     return {"target": target, "value": value, "holds": None if value is None else value <= bound}
 
 
-ALL_THREE = ("all three, int4 qgZ", "all three")  # the paper's ZeRO++ first, where it ran
+ALL_THREE = ("all three (int4 qgZ)", "all three")  # the paper's ZeRO++ first, where it ran
 
 
 def link_targets(rows: list[dict], links: list[dict]) -> list[dict]:
