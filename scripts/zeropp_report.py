@@ -62,7 +62,9 @@ SETUPS: tuple[Setup, ...] = (
         ("--quantized-weights", "--hpz-partition-size", "host", "--quantized-gradients"),
         (0.5, 0.0, 0.5),
     ),
-    Setup("hybrid (host)", ("--hybrid-shard-size", "host"), None, groups_in_host=True),
+    # groups of 2: the hosts, with ranks in blocks on two hosts of 2 (the link part), and
+    # still two groups on one host (the loss part, where `host` would make one group)
+    Setup("hybrid (2)", ("--hybrid-shard-size", "2"), None, groups_in_host=True),
     Setup("+qgZ int4", (*INT4,), (1.0, 1.0, 0.25)),
     Setup(
         "all three (int4 qgZ)",

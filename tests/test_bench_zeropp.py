@@ -33,7 +33,7 @@ def test_configs_are_picked_by_name_and_plain_stage_3_always_runs():
 def test_a_config_whose_flags_train_does_not_know_is_skipped_with_the_reason():
     by = {s.name: s for s in zr.SETUPS}
     assert zr.unknown_flags(by["all three"], HELP) is None
-    assert "--hybrid-shard-size" in zr.unknown_flags(by["hybrid (host)"], HELP)
+    assert "--hybrid-shard-size" in zr.unknown_flags(by["hybrid (2)"], HELP)
     # the quantize block goes only to configurations that quantize
     assert "--quantize-block" not in zr.train_flags(by["+hpZ"], 256)
     assert zr.train_flags(by["+qgZ"], 256)[-2:] == ["--quantize-block", "256"]
@@ -64,7 +64,7 @@ def test_the_paper_bytes():
     by = {s.name: s for s in zr.SETUPS}
     assert zr.paper_bytes(by["stage 3"], 1000) == 3 * 2000  # 3M, M = 2 Psi
     assert zr.paper_bytes(by["all three"], 1000) == 1.0 * 2000  # int8 qgZ: 0.5 + 0 + 0.5
-    assert zr.paper_bytes(by["hybrid (host)"], 1000) is None
+    assert zr.paper_bytes(by["hybrid (2)"], 1000) is None
 
 
 def test_the_final_loss_is_the_mean_of_the_last_50_steps():
@@ -238,7 +238,7 @@ def test_the_loss_part_runs_seed_by_seed_and_skips_what_train_does_not_know(monk
 
     monkeypatch.setattr(bench_zeropp, "loss_run", fake_run)
     a = argparse.Namespace(seeds=[0, 1], quantize_block=256, model_flags="", prefix="t")
-    setups = zr.setups_named("+qwZ,hybrid (host)")
+    setups = zr.setups_named("+qwZ,hybrid (2)")
     rows = bench_zeropp.loss_part(setups, HELP, a)
     assert [c[1] for c in calls] == [0, 0, 1, 1]  # every configuration of a seed, then the next
     plain, qwz, hybrid = rows
