@@ -39,6 +39,14 @@ WORDS = (
 )  # fmt: skip
 
 
+# Settings valid only beside another one (qgZ's bits need qgZ on): a lone change of
+# them has no valid value, so test_settings_valid_only_beside_another_are_hashed checks
+# them from a base where the other one is on.
+ONLY_BESIDE = {
+    "quantized_gradient_bits": (["--quantized-gradients"], ["--quantized-gradient-bits", "4"])
+}
+
+
 def alternatives(value: object, words: tuple[str, ...]) -> list[object]:
     """Other values a field holding `value` might take (the first valid one is used)."""
     if isinstance(value, bool):
@@ -66,6 +74,8 @@ def changed_configs(config: object, words: tuple[str, ...], path: str = ""):
     (field path, None) where no candidate value is valid."""
     for f in dataclasses.fields(config):
         value, name = getattr(config, f.name), f"{path}{f.name}"
+        if f.name in ONLY_BESIDE:
+            continue
         if dataclasses.is_dataclass(value):
             for inner, other in changed_configs(value, words, f"{name}."):
                 yield inner, None if other is None else replaced(config, f.name, other)
@@ -103,6 +113,17 @@ def test_every_setting_on_one_rank_changes_the_configuration_part(tmp_path):
     for name in ("zero.stage", "zero.precision", "zero.bucket_numel", "zero.optimizer.lr"):
         assert name in checked
     assert "zero.loss_scale.hysteresis" in checked and "run.lr_schedule.kind" in checked
+
+
+def test_settings_valid_only_beside_another_are_hashed():
+    """qgZ's bits on one rank and not the other (both with qgZ on): the configuration
+    part differs, as for every other setting."""
+    for name, (beside, changed) in ONLY_BESIDE.items():
+        base = parse_args([*BASE_ARGS, *beside])
+        other = parse_args([*BASE_ARGS, *beside, *changed])
+        assert getattr(base.zero, name) != getattr(other.zero, name)
+        mine, theirs = parts(base.run, base.zero), parts(other.run, other.zero)
+        assert mine["configuration"] != theirs["configuration"], f"zero.{name} is not hashed"
 
 
 def test_equal_settings_built_apart_hash_alike():
