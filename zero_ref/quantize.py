@@ -170,7 +170,8 @@ def quantized_copy(x: np.ndarray, block: int, what: str = "values") -> np.ndarra
 # may start at odd columns, so one byte can hold two blocks' values: the nibbles are per
 # element, the scales per block.
 
-LEVELS = {8: QMAX, 4: 7}  # bits -> the largest level: q in [-LEVELS[bits], LEVELS[bits]]
+QMAX4 = 7  # symmetric int4: q in [-7, 7]
+LEVELS = {8: QMAX, 4: QMAX4}  # bits -> the largest level: q in [-LEVELS[bits], LEVELS[bits]]
 
 
 def check_bits(bits: int) -> int:
@@ -269,6 +270,12 @@ def _segment_scale(x, lo, hi, qmax):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
+def _segment_end(starts, b, n):  # pragma: no cover - compiled
+    """Where block b ends: the next block's start, or n for the last."""
+    return starts[b + 1] if b + 1 < starts.size else n
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
 def _level(v, scale, qmax):  # pragma: no cover - compiled
     """v's level: rint(float32(v / scale)) clipped to [-qmax, qmax]; 0 for a scale of 0 or NaN."""
     if scale == 0 or np.isnan(scale):
@@ -281,8 +288,7 @@ def _level(v, scale, qmax):  # pragma: no cover - compiled
 def quantize_segments_kernel(x, starts, q, scales):  # pragma: no cover - compiled
     n = x.size
     for b in range(starts.size):
-        lo = starts[b]
-        hi = starts[b + 1] if b + 1 < starts.size else n
+        lo, hi = starts[b], _segment_end(starts, b, n)
         scale = _segment_scale(x, lo, hi, QMAX)
         scales[b] = scale
         for k in range(lo, hi):
@@ -293,8 +299,7 @@ def quantize_segments_kernel(x, starts, q, scales):  # pragma: no cover - compil
 def dequantize_segments_kernel(q, scales, starts, out):  # pragma: no cover - compiled
     n = q.size
     for b in range(starts.size):
-        lo = starts[b]
-        hi = starts[b + 1] if b + 1 < starts.size else n
+        lo, hi = starts[b], _segment_end(starts, b, n)
         scale = scales[b]
         for k in range(lo, hi):
             out[k] = np.float32(np.float32(q[k]) * scale)
@@ -304,12 +309,11 @@ def dequantize_segments_kernel(q, scales, starts, out):  # pragma: no cover - co
 def quantize_segments4_kernel(x, starts, packed, scales):  # pragma: no cover - compiled
     n = x.size
     for b in range(starts.size):
-        lo = starts[b]
-        hi = starts[b + 1] if b + 1 < starts.size else n
-        scale = _segment_scale(x, lo, hi, 7)
+        lo, hi = starts[b], _segment_end(starts, b, n)
+        scale = _segment_scale(x, lo, hi, QMAX4)
         scales[b] = scale
         for k in range(lo, hi):
-            nibble = _level(x[k], scale, 7) & 0xF  # the 4-bit two's complement
+            nibble = _level(x[k], scale, QMAX4) & 0xF  # the 4-bit two's complement
             if k % 2 == 0:
                 packed[k >> 1] = np.uint8(nibble)  # clears the high nibble: an odd row's stays 0
             else:
@@ -320,8 +324,7 @@ def quantize_segments4_kernel(x, starts, packed, scales):  # pragma: no cover - 
 def dequantize_segments4_kernel(packed, scales, starts, out):  # pragma: no cover - compiled
     n = out.size
     for b in range(starts.size):
-        lo = starts[b]
-        hi = starts[b + 1] if b + 1 < starts.size else n
+        lo, hi = starts[b], _segment_end(starts, b, n)
         scale = scales[b]
         for k in range(lo, hi):
             byte = np.int64(packed[k >> 1])
