@@ -13,7 +13,9 @@ of them cross, and the L ranks of a host put L^2/(W-1) x the ledger's per-rank b
 the link each way: at W = 4, 4/3 x, the whole buffer, twice the least (each host needs
 only the other host's half). An all-reduce (ch4's node-aware composition) puts the whole
 buffer each way: W/(2(W-1)) x the ledger's 2(W-1)/W x N. hpZ's gathers run in the host
-group: nothing crosses.
+group: nothing crosses. qgZ in two hops with the hosts as groups: the first hop
+(reduce_scatter_int*_local) stays in the host, and every byte of the second (_cross)
+crosses: L x the ledger's per-rank bytes each way.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ LOSS_TARGET = 0.02  # each configuration's final loss within this of plain's
 BASE_FLAGS = ("--stage", "3", "--precision", "bf16")
 QUANTIZED = ("--quantized-weights", "--quantized-gradients")
 INT4 = ("--quantized-gradients", "--quantized-gradient-bits", "4")  # the paper's qgZ
+ONE_HOP = ("--quantized-gradient-local-size", "world")  # qgZ's one Alltoall over the world
+# DeepSpeed's two hops in groups of 2: the hosts in the link part (ranks in blocks), and
+# still two groups on one host in the loss part (where "host" would make one: one hop)
+TWO_HOPS = ("--quantized-gradient-local-size", str(PER_HOST))
 
 
 @dataclass(frozen=True)
@@ -56,20 +62,32 @@ SETUPS: tuple[Setup, ...] = (
     Setup("stage 3", (), (1.0, 1.0, 1.0)),
     Setup("+qwZ", ("--quantized-weights",), (0.5, 1.0, 1.0)),
     Setup("+hpZ", ("--hpz-partition-size", "host"), (1.0, 0.0, 1.0)),
-    Setup("+qgZ", ("--quantized-gradients",), (1.0, 1.0, 0.5)),  # int8: 0.5 M (int4: 0.25)
+    Setup("+qgZ", ("--quantized-gradients", *ONE_HOP), (1.0, 1.0, 0.5)),  # int8: 0.5 M
     Setup(
         "all three",
-        ("--quantized-weights", "--hpz-partition-size", "host", "--quantized-gradients"),
+        (
+            "--quantized-weights",
+            "--hpz-partition-size",
+            "host",
+            "--quantized-gradients",
+            *ONE_HOP,
+        ),
         (0.5, 0.0, 0.5),
-    ),
+    ),  # fmt: skip
     # groups of 2: the hosts, with ranks in blocks on two hosts of 2 (the link part), and
     # still two groups on one host (the loss part, where `host` would make one group)
     Setup("hybrid (2)", ("--hybrid-shard-size", "2"), None, groups_in_host=True),
-    Setup("+qgZ int4", (*INT4,), (1.0, 1.0, 0.25)),
+    Setup("+qgZ int4", (*INT4, *ONE_HOP), (1.0, 1.0, 0.25)),
     Setup(
         "all three (int4 qgZ)",
-        ("--quantized-weights", "--hpz-partition-size", "host", *INT4),
+        ("--quantized-weights", "--hpz-partition-size", "host", *INT4, *ONE_HOP),
         (0.5, 0.0, 0.25),  # the paper's ZeRO++: 0.75 M
+    ),
+    Setup("+qgZ int4, two hops", (*INT4, *TWO_HOPS), (1.0, 1.0, 0.25)),
+    Setup(
+        "all three (int4 qgZ, two hops)",
+        ("--quantized-weights", "--hpz-partition-size", "host", *INT4, *TWO_HOPS),
+        (0.5, 0.0, 0.25),  # the paper's ZeRO++ in DeepSpeed's schedule
     ),
 )
 PLAIN = SETUPS[0].name
@@ -124,8 +142,10 @@ def link_factor(kind: str, world: int = PER_HOST * HOSTS, groups_in_host: bool =
     on either host: each of a host's L pairs sends its whole buffer across, each way,
     L x the ledger's 2 (R - 1) / R x n = n per rank."""
     per_host = world // HOSTS
-    if kind.endswith("_hpz"):
-        return 0.0  # in the host group: shared memory
+    if kind.endswith(("_hpz", "_local")):
+        return 0.0  # in the host group (hpZ's gathers, qgZ's first hop): shared memory
+    if kind.endswith("_cross"):
+        return float(per_host)  # qgZ's second hop: each of a host's L ranks, all across
     if kind in WORLD_ALLREDUCE:
         return world / (2 * (world - 1))
     if groups_in_host and kind in WORLD_FLAT:
@@ -191,7 +211,8 @@ def check(target: str, value: float | None, bound: float) -> dict:
     return {"target": target, "value": value, "holds": None if value is None else value <= bound}
 
 
-ALL_THREE = ("all three (int4 qgZ)", "all three")  # the paper's ZeRO++ first, where it ran
+# the paper's ZeRO++ in DeepSpeed's two hops first, then in one hop, then with int8
+ALL_THREE = ("all three (int4 qgZ, two hops)", "all three (int4 qgZ)", "all three")
 
 
 def link_targets(rows: list[dict], links: list[dict]) -> list[dict]:

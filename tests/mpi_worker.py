@@ -172,8 +172,8 @@ def qwz_settings(case: dict) -> dict:
 
 
 def qgz_settings(case: dict) -> dict:
-    """ZeroConfig's qgZ fields for a case with "qgz": {quantize_block, bits} (stages 1-3;
-    bits 8 when not named)."""
+    """ZeroConfig's qgZ fields for a case with "qgz": {quantize_block, bits, local} (stages
+    1-3; bits 8 and local "host", one host's one hop, when not named)."""
     qgz = case.get("qgz")
     if not qgz:
         return {}
@@ -182,6 +182,7 @@ def qgz_settings(case: dict) -> dict:
         "quantized_gradients": True,
         "quantize_block": qgz["quantize_block"],
         "quantized_gradient_bits": bits,
+        "quantized_gradient_local_size": qgz.get("local", "host"),  # qgZ's hops
     }
 
 

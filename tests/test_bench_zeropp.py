@@ -17,7 +17,10 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import zeropp_report as zr  # noqa: E402
 
-HELP = "--stage --precision --quantized-weights --quantized-gradients --hpz-partition-size"
+HELP = (
+    "--stage --precision --quantized-weights --quantized-gradients --hpz-partition-size "
+    "--quantized-gradient-local-size"
+)
 
 
 def test_configs_are_picked_by_name_and_plain_stage_3_always_runs():
@@ -52,6 +55,9 @@ def test_the_link_formula_puts_a_world_collective_s_whole_buffer_on_the_link(wor
     assert zr.link_formula({"allgather_hpz": ledger_bytes}, world) == 0.0  # inside the host
     # an all-reduce of N (ledger 2(W-1)/W x N): the whole buffer each way
     assert zr.link_formula({"loss": 2 * ledger_bytes}, world) == pytest.approx(n)
+    # qgZ's two hops, the hosts as groups: the first stays, all of the second crosses
+    hops = {"reduce_scatter_int4_local": 700, "reduce_scatter_int4_cross": 100}
+    assert zr.link_formula(hops, world) == pytest.approx(per_host * 100)
 
 
 def test_a_ledger_kind_without_a_formula_gives_none():

@@ -31,6 +31,7 @@ from tests.test_parity import (
     options,
     pinned,
     qgz_allowed,
+    qgz_local_allowed,
     qwz_allowed,
     replay_model,
     run,
@@ -62,9 +63,9 @@ def save_then_resume(mpi_pools, drawn: dict, second: dict) -> tuple[dict, dict]:
         }
     ]
     resumed = {**drawn, **second, "resume_from": folder, "history": history}
-    resumed = hybrid_allowed(
-        hpz_allowed(qgz_allowed(qwz_allowed(offload_allowed(resumed))))
-    )  # the second stage may not allow the first's
+    resumed = qgz_local_allowed(
+        hybrid_allowed(hpz_allowed(qgz_allowed(qwz_allowed(offload_allowed(resumed)))))
+    )  # the second stage (or world) may not allow the first's
     resumed["lrs"] = list(reversed(drawn["lrs"]))  # other learning rates after the resume
     return first, run(mpi_pools, resumed)
 
@@ -121,7 +122,8 @@ def check_resumed(first: dict, resumed: dict) -> None:
     ),
     second={"world": 3, "stage": 3, "qgz": QGZ},
 )
-@example(  # qwZ + qgZ int4 + hpZ at 4 ranks, resharded to 2 (hpZ's groups of 2 divide it)
+@example(  # qwZ + qgZ int4 in two hops + hpZ at 4 ranks, resharded to 2 (hpZ's groups of
+    # 2 divide it; qgZ's groups of 2 are then the world: one hop, the replay keeps two)
     drawn=pinned(
         TINY_UNITS,
         bucket_numel=64,
@@ -129,7 +131,7 @@ def check_resumed(first: dict, resumed: dict) -> None:
         stage=3,
         steps=2,
         qwz=QWZ,
-        qgz=QWZ | {"bits": 4},
+        qgz=QWZ | {"bits": 4, "local": 2},
         hpz=2,
     ),
     second={"world": 2, "stage": 3},

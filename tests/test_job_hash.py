@@ -39,11 +39,15 @@ WORDS = (
 )  # fmt: skip
 
 
-# Settings valid only beside another one (qgZ's bits need qgZ on): a lone change of
+# Settings valid only beside another one (qgZ's bits and hops need qgZ on): a lone change of
 # them has no valid value, so test_settings_valid_only_beside_another_are_hashed checks
 # them from a base where the other one is on.
 ONLY_BESIDE = {
-    "quantized_gradient_bits": (["--quantized-gradients"], ["--quantized-gradient-bits", "4"])
+    "quantized_gradient_bits": (["--quantized-gradients"], ["--quantized-gradient-bits", "4"]),
+    "quantized_gradient_local_size": (
+        ["--quantized-gradients"],
+        ["--quantized-gradient-local-size", "world"],
+    ),
 }
 
 

@@ -112,6 +112,7 @@ def options(model: st.SearchStrategy, deterministic: bool, worlds: list[int]):
         .map(qgz_allowed)
         .map(hpz_allowed)
         .map(hybrid_allowed)
+        .map(qgz_local_allowed)
     )
 
 
@@ -153,11 +154,34 @@ def qwz_options() -> st.SearchStrategy:
 
 
 def qgz_options() -> st.SearchStrategy:
-    """No qgZ (None), or each bucket's reduce-scatter in int8 or int4 blocks (qwZ's sizes)."""
-    bits = st.sampled_from([8, 4])
+    """No qgZ (None), or each bucket's reduce-scatter in int8 or int4 blocks (qwZ's sizes),
+    in one hop ("host": one host; "world") or two (groups of 2 ranks, where they divide)."""
+    bits, local = st.sampled_from([8, 4]), st.sampled_from(["host", "world", 2])
     return st.one_of(
-        st.none(), st.tuples(qwz_options().filter(bool), bits).map(lambda q: q[0] | {"bits": q[1]})
+        st.none(),
+        st.tuples(qwz_options().filter(bool), bits, local).map(
+            lambda q: q[0] | {"bits": q[1], "local": q[2]}
+        ),
     )
+
+
+def qgz_local_allowed(drawn: dict) -> dict:
+    """qgZ's local size divides the ranks it sums over (the world, or a shard group)."""
+    qgz = drawn.get("qgz")
+    if not qgz or not isinstance(qgz.get("local"), int):
+        return drawn
+    hybrid = drawn.get("hybrid")
+    summed_over = hybrid if isinstance(hybrid, int) else drawn["world"]
+    return drawn if summed_over % qgz["local"] == 0 else drawn | {"qgz": qgz | {"local": "host"}}
+
+
+def qgz_kind(drawn: dict, shard_world: int) -> str:
+    """The ledger's kind of a drawn run's gradient reduce-scatter (its first hop's in two)."""
+    qgz = drawn.get("qgz")
+    if not qgz:
+        return "reduce_scatter"
+    kind, local = f"reduce_scatter_int{qgz.get('bits', 8)}", qgz.get("local")
+    return kind + "_local" if isinstance(local, int) and 1 < local < shard_world else kind
 
 
 def qgz_allowed(drawn: dict) -> dict:
@@ -259,6 +283,7 @@ OVERLAP_DEEP = OVERLAP | {"prefetch_numel": 1 << 20, "persistence_numel": 10, "p
 QWZ = {"quantize_block": 8}  # ZeRO++'s qwZ: stage 3's forward gathers in int8, blocks of 8
 QGZ = {"quantize_block": 3}  # ZeRO++'s qgZ: each bucket's reduce-scatter in int8, blocks of 3
 QGZ4 = QGZ | {"bits": 4}  # ... in int4: two values a byte
+HOPS = ("local", "cross")  # qgZ's two hops in the ledger: inside a group, across groups
 QWZ_PREFETCH = OVERLAP | {"prefetch_numel": 1 << 20, "progress": "thread"}  # no persistence
 
 
@@ -342,8 +367,7 @@ def check_buckets(result: dict, drawn: dict) -> None:
         return  # no buckets (a 16-bit all-reduce is chunked reduce-scatters + all-gathers)
     per_micro_step = len(plan)
     for i, step in enumerate(result["ledger"]):
-        qgz = drawn.get("qgz")
-        kind = f"reduce_scatter_int{qgz.get('bits', 8)}" if qgz else "reduce_scatter"
+        kind = qgz_kind(drawn, world)
         calls = step.get(kind, {}).get("calls", 0)
         assert calls == k * per_micro_step, f"step {i}: {calls} reduce-scatters; plan {plan}"
 
@@ -383,6 +407,7 @@ def check_comm_bytes(result: dict, drawn: dict) -> None:
         expected += result["hybrid_sent_bytes"]  # and its all-reduce across the groups
         kinds = ("reduce_scatter", "reduce_scatter_int8", "allgather", "allgather_int8")
         kinds = (*kinds, "allgather_hpz", "allreduce", "allreduce_hybrid", "reduce_scatter_int4")
+        kinds = (*kinds, *(f"reduce_scatter_int{b}_{hop}" for b in (8, 4) for hop in HOPS))
         sent = sum(v["sent_bytes"] for kind, v in step.items() if kind in kinds)
         if gathers and after_skipped:
             assert sent <= expected, f"step {i}: rank 0 sent {sent} bytes, at most {expected}"
@@ -494,10 +519,21 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scope
         stage=3,
         world=4,
         qwz=QWZ,
-        qgz=QWZ | {"bits": 4},
+        qgz=QWZ | {"bits": 4, "local": 2},  # the paper's ZeRO++: qgZ in two hops
         hpz=2,
         overlap=OVERLAP,
         precision={"precision": "bf16"},
+    )
+)
+# qgZ in two hops (groups of 2 of 4 ranks): NaN partials cross the second hop
+@example(
+    drawn=pinned(
+        TINY_UNITS,
+        stage=2,
+        world=4,
+        grad_accum=2,
+        qgz=QGZ | {"local": 2},
+        precision=FP16_OVERFLOWING,
     )
 )
 # hpZ: backward (and later micro-steps' forwards) gathered in groups from the secondary copy

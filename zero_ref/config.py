@@ -185,6 +185,14 @@ class ZeroConfig:
                   dequantizes, sums in rank order in float32 and rounds once.
     quantized_gradient_bits  qgZ's bits: 8 (int8, levels -127..127) or 4 (int4, levels
                   -7..7, two values a byte: ZeRO++'s and DeepSpeed's choice for gradients).
+    quantized_gradient_local_size  qgZ's hops (ZeRO++ Sec. 3.3, DeepSpeed's
+                  all_to_all_quant_reduce): "host" (the default: the ranks sharing a host,
+                  MPI's shared-memory split) or an integer L dividing the ranks qgZ sums
+                  over; with groups of L consecutive ranks that are neither one rank nor
+                  all of them, each bucket goes in two hops: quantized to the ranks of the
+                  group, summed there in float32, requantized, then to one rank of each
+                  other group (zero_ref/comm/reduction.py). "world": always one hop (the
+                  Alltoall over every rank). On one host "host" is one hop.
     hpz_partition_size  stage 3 (ZeRO++'s hpZ, zero_hpz_partition_size): 1 is off; an
                   integer G > 1 (dividing the world size, checked by the engine) keeps a
                   secondary copy of the parameters sharded over each group of G
@@ -230,6 +238,7 @@ class ZeroConfig:
     quantize_block: int = 2048
     quantized_gradients: bool = False
     quantized_gradient_bits: int = 8
+    quantized_gradient_local_size: int | str = "host"
     hpz_partition_size: int | str = 1
     hybrid_shard_size: int | str | None = None
 
@@ -329,6 +338,19 @@ class ZeroConfig:
             "quantized_gradient_bits",
             self.quantized_gradient_bits,
             "8 (its default) without quantized_gradients (the bits are qgZ's)",
+        )
+        local = self.quantized_gradient_local_size
+        _require(
+            local in ("host", "world") or _positive_int(local),
+            "quantized_gradient_local_size",
+            local,
+            "'host', 'world' or an integer >= 1 dividing the ranks qgZ sums over",
+        )
+        _require(
+            self.quantized_gradients or local == "host",
+            "quantized_gradient_local_size",
+            local,
+            "'host' (its default) without quantized_gradients (the hops are qgZ's)",
         )
         if not self.quantized_gradients:
             return

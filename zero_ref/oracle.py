@@ -37,7 +37,10 @@ unit a (W, shard_numel) matrix whose row d goes to rank d, the bucket plan of
 zero_ref/layout/buckets.py) and every destination row of every bucket is quantized
 and dequantized in the blocks of zero_ref/layout/grad_blocks.py, in int8 or int4 (its
 `bits`), before the rank-order sum: s_j = q(g[j][0]) + q(g[j][1]) + ... in float32,
-rounded once.
+rounded once. In two hops (GradientBlocks.local_size L, DeepSpeed's across nodes) the
+ranks form groups of L, each group's q(g) are added in rank order in float32 (not
+rounded) and that partial p_h is quantized again in the same blocks:
+s_j = q(p_0) + q(p_1) + ... in group order, rounded once.
 
 With hybrid sharding (`shard_size` G: FSDP's HYBRID_SHARD, DeepSpeed's MiCS) the sum is
 the engine's two levels: each group of G consecutive ranks sums its own, micro-step by
@@ -86,12 +89,19 @@ class GradientBlocks:
     bucket_numel: int
     block: int
     bits: int = 8
+    local_size: int | None = None  # two hops: groups of this many ranks (None: one hop)
 
     @classmethod
-    def for_model(cls, model: Model, cfg: ZeroConfig) -> GradientBlocks:
+    def for_model(
+        cls, model: Model, cfg: ZeroConfig, host_size: int | None = None
+    ) -> GradientBlocks:
+        """cfg's blocks; host_size: what quantized_gradient_local_size "host" came to (the
+        engine's qgz_local_size; None: one hop, every rank on one host)."""
         units = [(u.name, [(s.name, tuple(s.shape)) for s in u.param_specs()]) for u in model.units]
         align, bits = layout_align(cfg), cfg.quantized_gradient_bits
-        return cls(units, align, cfg.bucket_numel, cfg.quantize_block, bits)
+        local = cfg.quantized_gradient_local_size
+        local = {"world": None, "host": host_size}.get(local, local)
+        return cls(units, align, cfg.bucket_numel, cfg.quantize_block, bits, local)
 
 
 @dataclass(frozen=True)
@@ -161,17 +171,21 @@ class Oracle:
         cfg: ZeroConfig,
         model: Model | None = None,
         shard_size: int | None = None,
+        qgz_local_size: int | None = None,
     ):
         """The oracle of an engine configured by `cfg` (its optimizer, clipping, precision);
         with quantized_gradients the model too (qgZ's blocks follow its units); with
         hybrid_shard_size "host", `shard_size`: the ranks a host holds (the engine's
-        shard_world)."""
+        shard_world); with quantized_gradient_local_size "host", `qgz_local_size`: the
+        engine's (None: one hop)."""
         if cfg.quantized_gradients and model is None:
             raise ValueError("quantized_gradients: the oracle needs the model (its units)")
         hybrid = cfg.hybrid_shard_size
         if hybrid == "host" and shard_size is None:
             raise ValueError("hybrid_shard_size 'host': the oracle needs shard_size (G)")
-        blocks = GradientBlocks.for_model(model, cfg) if cfg.quantized_gradients else None
+        blocks = None
+        if cfg.quantized_gradients:
+            blocks = GradientBlocks.for_model(model, cfg, qgz_local_size)
         return cls(
             init_params,
             cfg.optimizer,
@@ -270,9 +284,7 @@ class Oracle:
         for j, per_rank in enumerate(grads if self.shard_size is None else ()):
             rows = np.stack([self._flatten(g) for g in per_rank])  # (W, numel)
             rows = rounded(rounded(rows, self.grad_dtype), self.comm_dtype)  # stored, sent
-            if self.gradient_blocks is not None:
-                rows = self._through_wire(rows)  # qgZ: what each destination receives
-            s_j = rounded(sum_in_rank_order(rows, np.empty_like(self.params)), self.grad_dtype)
+            s_j = rounded(self._summed(rows), self.grad_dtype)
             abs_sum += np.abs(rows).sum(axis=0)
             if j == 0:
                 acc[...] = s_j
@@ -308,21 +320,43 @@ class Oracle:
             rows = rounded(rounded(rows, self.grad_dtype), self.comm_dtype)  # stored, sent
             abs_sum += np.abs(rows).sum(axis=0)
             for g in range(world // size):
-                mine = rows[g * size : (g + 1) * size]
-                if self.gradient_blocks is not None:
-                    mine = self._through_wire(mine)  # qgZ inside the group, at G ranks
-                s_jg = rounded(sum_in_rank_order(mine, np.empty_like(self.params)), self.grad_dtype)
+                mine = rows[g * size : (g + 1) * size]  # qgZ inside the group, at G ranks
+                s_jg = rounded(self._summed(mine), self.grad_dtype)
                 group_accs[g] = s_jg if j == 0 else rounded(group_accs[g] + s_jg, self.grad_dtype)
         return rounded(sum_in_rank_order(group_accs, np.empty_like(self.params)), self.grad_dtype)
 
-    def _through_wire(self, rows: np.ndarray) -> np.ndarray:
-        """Each rank's row (W, numel) as qgZ's destinations dequantize it: laid into the
-        engine's buckets at W ranks, quantized per destination row in its blocks."""
+    def _summed(self, rows: np.ndarray) -> np.ndarray:
+        """The float32 sum (not rounded) of the ranks' rows (W, numel) as the reduce-scatter
+        makes it: in rank order; with qgZ of what each destination dequantizes, in one hop
+        or two (groups of gradient_blocks.local_size ranks, partials requantized)."""
+        out = np.empty_like(self.params)
         gb, world = self.gradient_blocks, rows.shape[0]
+        if gb is None:
+            return sum_in_rank_order(rows, out)
+        local = gb.local_size
+        if local is None or local in (1, world):
+            return sum_in_rank_order(self._through_wire(rows), out)
+        if world % local:
+            raise ValueError(f"qgZ's local size {local} does not divide the {world} ranks")
+        wire = self._through_wire(rows)
+        partials = np.stack(
+            [
+                sum_in_rank_order(wire[h : h + local], np.empty_like(out))
+                for h in range(0, world, local)
+            ]
+        )  # (H, numel): each group's sum in float32, not rounded
+        return sum_in_rank_order(self._through_wire(partials, world), out)
+
+    def _through_wire(self, rows: np.ndarray, world: int | None = None) -> np.ndarray:
+        """Each row of rows (R, numel: a rank's, or a group's partial) as qgZ's destinations
+        dequantize it: laid into the engine's buckets at `world` ranks (default R),
+        quantized per destination row in its blocks."""
+        gb = self.gradient_blocks
+        world = rows.shape[0] if world is None else world
         layout = build_layout(gb.units, world, gb.align)
         where = self._full_index(layout)  # oracle element -> its padded full index
         out = np.empty_like(rows)
-        for r in range(world):
+        for r in range(rows.shape[0]):
             full = np.zeros(layout.full_numel, np.float32)
             full[where] = rows[r]
             matrix = np.concatenate(

@@ -66,7 +66,8 @@ class OracleCheck:
             state = self._state_on_root()
         if engine.rank == 0:
             shard = engine.shard_world  # hybrid sharding's groups ("host": as MPI split them)
-            self.oracle = Oracle.for_config(state["param"], cfg, model, shard)
+            local = getattr(engine, "qgz_local_size", None)  # qgZ's hops, as MPI split them
+            self.oracle = Oracle.for_config(state["param"], cfg, model, shard, local)
             self.oracle.load_state(
                 state["param"], state["exp_avg"], state["exp_avg_sq"], engine.step_count
             )

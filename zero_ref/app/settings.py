@@ -57,6 +57,19 @@ def _hybrid_to_config(value: str | int | None, _: Any) -> int | str | None:
         ) from None
 
 
+def _qgz_local_to_config(value: str | int, _: Any) -> int | str:
+    """--quantized-gradient-local-size: 'host', 'world', or an integer."""
+    if value in ("host", "world") or isinstance(value, int):
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(
+            f"--quantized-gradient-local-size {value!r}: allowed are 'host', 'world' or an "
+            "integer >= 1 dividing the ranks qgZ sums over"
+        ) from None
+
+
 def _accum_to_config(value: str | None, s: Any) -> str | None:
     return None if value == s["precision"] else value  # naming the precision is its default
 
@@ -108,6 +121,15 @@ ENGINE = (
             "or 4 (int4, levels -7..7, two values a byte: half the bytes, a 18x coarser step). "
             "DeepSpeed has no key: its qgZ always sends int4, so pass 4 to match it",
             int, choices=(8, 4), feeds=Z + "quantized_gradient_bits"),
+    Setting("quantized_gradient_local_size", "engine", "qgZ's hops: groups of this many "
+            "consecutive ranks ('host': the ranks sharing a host) sum each bucket inside "
+            "the group first, then requantize and cross to the other groups, as "
+            "DeepSpeed's all_to_all_quant_reduce does across nodes; 'world': one Alltoall "
+            "over every rank. A group of one rank or of all of them is one hop. DeepSpeed "
+            "has no key: its local group is a node's GPUs",
+            str, minimum=1, cli_range=False,
+            allowed="'host', 'world' or an integer >= 1 dividing the ranks qgZ sums over",
+            feeds=Z + "quantized_gradient_local_size", to_config=_qgz_local_to_config),
     Setting("hpz_partition_size", "engine", "stage 3, ZeRO++'s hpZ: a secondary copy of the "
             "parameters sharded over groups of this many consecutive ranks ('host': the "
             "ranks sharing a host, MPI's shared-memory split), filled from each unit's "

@@ -40,9 +40,14 @@ from zero_ref.comm.ledger import CommLedger
 from zero_ref.comm.nonblocking import NonBlockingCollectives, check_bytes, check_quantized
 from zero_ref.comm.progress import Progress, progress_for
 from zero_ref.comm.reduction import (
+    CROSS_HOP,
+    LOCAL_HOP,
     MPIReduction,
     OrderedReduction,
     QuantizedWire,
+    first_hop,
+    hop_bytes,
+    second_hop,
     sum_16bit_words,
     sum_quantized,
     words_of,
@@ -164,6 +169,26 @@ class Comm(NonBlockingCollectives):
         self._agree(kind, recv.size, f"blocks {len(starts)}")
         fn = lambda: sum_quantized(self.mpi, send, recv, starts, wire, self.arrays)  # noqa: E731
         self._timed(kind, wire.send.shape[1], 1, fn, 1)
+
+    def reduce_scatter_quantized_two_hops(
+        self, send: np.ndarray, recv: np.ndarray, starts: np.ndarray, wire: QuantizedWire, hops
+    ) -> None:
+        """reduce_scatter_quantized in DeepSpeed's two hops (reduction.py first_hop and
+        second_hop) over `hops` (zero_ref/comm/groups.py QgzHops: H groups of L ranks),
+        with the same (W, P) wire. The ledger books the first hop as
+        reduce_scatter_int{bits}_local ((L-1) H rows each way, inside the group) and the
+        second as _cross (H-1 rows): together the one hop's W-1 rows."""
+        self._check(send, recv, same_dtype=False)
+        check_quantized(send, recv, starts, wire, self.size)
+        kind = f"reduce_scatter_int{wire.bits}"
+        self._agree(kind + LOCAL_HOP, recv.size, f"blocks {len(starts)}")
+        local, cross, arrays = hops.local.mpi, hops.cross.mpi, self.arrays
+        within, across = hop_bytes(wire.send.shape[1], hops)
+        groups = hops.cross.size
+        hop1 = lambda: first_hop(local, groups, send, starts, wire, arrays)  # noqa: E731
+        self.ledger.run(kind + LOCAL_HOP, within, within, hop1)
+        hop2 = lambda: second_hop(cross, recv, starts, wire, arrays)  # noqa: E731
+        self.ledger.run(kind + CROSS_HOP, across, across, hop2)
 
     def _reduce_scatter_rounded(self, send: np.ndarray, recv: np.ndarray) -> None:
         """A float32 sum by the policy, rounded once into the 16-bit recv."""

@@ -19,6 +19,8 @@ and writes into the engine Comm's ledger, its gathers under their own kind
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from mpi4py import MPI
 
@@ -26,6 +28,15 @@ from zero_ref.comm.collectives import Comm
 
 HPZ_KIND = "allgather_hpz"  # the ledger's name for a gather inside the partition group
 HYBRID_KIND = "allreduce_hybrid"  # hybrid sharding's all-reduce across the shard groups
+
+
+class QgzHops(NamedTuple):
+    """qgZ's two hops (zero_ref/comm/reduction.py sum_quantized_two_hops): `local`, this
+    rank's group of L consecutive ranks (the first hop, inside a host), and `cross`, the
+    ranks at this rank's place in every group, in group order (the second hop)."""
+
+    local: Comm
+    cross: Comm
 
 
 def group_ranks(world_size: int, group_size: int, name: str = "hpz_partition_size") -> list[range]:
@@ -72,6 +83,25 @@ def shard_and_replica_groups(comm: Comm, shard_size: int | str) -> tuple[Comm, C
     replicas = Comm(split, comm.reduction, comm.check_schedule, comm.arrays)
     replicas.ledger = BookedAs(comm.ledger, HYBRID_KIND)
     return shard, replicas
+
+
+def qgz_hops(comm: Comm, local_size: int | str) -> QgzHops | None:
+    """qgZ's hop groups over comm (a collective; the ranks qgZ sums over: the world, or
+    hybrid sharding's shard group), or None for one hop: local_size "world", or groups of
+    one rank or of all of comm. "host" groups must be consecutive ranks, as an integer's
+    are, so the oracle's grouping is L's."""
+    name = "quantized_gradient_local_size"
+    if local_size == "world":
+        return None
+    local = partition_group(comm, local_size, name)
+    if local_size == "host":
+        _check_consecutive(comm.mpi, local, name)
+    if local.size in (1, comm.size):
+        local.mpi.Free()
+        return None
+    cross = Comm(comm.mpi.Split(local.rank, comm.rank), comm.reduction, comm.check_schedule)
+    cross.ledger = comm.ledger
+    return QgzHops(local, cross)
 
 
 class BookedAs:

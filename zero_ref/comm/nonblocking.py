@@ -25,7 +25,16 @@ import numpy as np
 from mpi4py import MPI
 
 from zero_ref.comm.in_flight import InFlight
-from zero_ref.comm.reduction import isum_16bit_words, isum_quantized, words_of
+from zero_ref.comm.reduction import (
+    CROSS_HOP,
+    LOCAL_HOP,
+    hop_bytes,
+    ifirst_hop,
+    isum_16bit_words,
+    isum_quantized,
+    second_hop,
+    words_of,
+)
 from zero_ref.dtypes import DTYPES
 from zero_ref.quantize import segment_payload_bytes
 
@@ -90,6 +99,29 @@ class NonBlockingCollectives:
         self._agree(kind, recv.size, f"blocks {len(starts)}")
         request, finish, keep = isum_quantized(self.mpi, send, recv, starts, wire, self.arrays)
         return self._issued(kind, wire.send.shape[1], 1, request, finish, keep, t0)
+
+    def ireduce_scatter_quantized_two_hops(
+        self, send: np.ndarray, recv: np.ndarray, starts: np.ndarray, wire, hops, lane: str = ""
+    ) -> InFlight:
+        """reduce_scatter_quantized_two_hops, issued: quantized and the first hop's
+        Alltoall issued now; when it is waited for, the partial sums, the second hop
+        (blocking: it needs the first hop's bytes) and the final sum."""
+        t0 = time.perf_counter()
+        self._check(send, recv, same_dtype=False)
+        check_quantized(send, recv, starts, wire, self.size)
+        kind = f"reduce_scatter_int{wire.bits}"
+        self._agree(kind + LOCAL_HOP, recv.size, f"blocks {len(starts)}")
+        within, across = hop_bytes(wire.send.shape[1], hops)
+        groups = hops.cross.size
+        request = ifirst_hop(hops.local.mpi, groups, send, starts, wire, self.arrays)
+        hop2 = lambda: second_hop(hops.cross.mpi, recv, starts, wire, self.arrays)  # noqa: E731
+        finish = lambda: self.ledger.run(kind + CROSS_HOP, across, across, hop2)  # noqa: E731
+        self.ledger.record_issued(kind + LOCAL_HOP, within, within)
+        flight = InFlight(
+            self, kind + LOCAL_HOP, request, finish, (wire.send, wire.got), {"sent_bytes": within}
+        )
+        flight.issue_seconds = time.perf_counter() - t0
+        return flight
 
     def _ireduce_scatter_rounded(self, send: np.ndarray, recv: np.ndarray):
         """A float32 sum by the policy into a temporary, rounded once into recv after."""

@@ -10,6 +10,14 @@
   sum_quantized     ZeRO++'s qgZ: each destination block quantized to int8 or int4
                     (block scales, zero_ref/quantize.py), an Alltoall of the bytes,
                     each received block dequantized, added in rank order, rounded once.
+  first_hop, second_hop
+                    qgZ in DeepSpeed's two hops (all_to_all_quant_reduce), over H
+                    groups of L ranks: every block quantized and sent to the rank of
+                    this group at its destination's place (an Alltoall in the group),
+                    the L received rows of each of the H destinations dequantized and
+                    added in local rank order in float32, that partial requantized and
+                    sent to its destination (an Alltoall across the groups), the H
+                    received partials dequantized, added in group order, rounded once.
 
 Each sum also has an issued form (`ireduce_scatter`, `isum_16bit_words`) for the
 non-blocking calls of zero_ref/comm/nonblocking.py: the same bytes moved, the same
@@ -130,15 +138,17 @@ class QuantizedWire(NamedTuple):
 
 
 def quantize_staging(staging, starts: np.ndarray, send: np.ndarray, arrays: HostArrays,
-                     bits: int = 8) -> None:  # fmt: skip
+                     bits: int = 8, order: np.ndarray | None = None) -> None:  # fmt: skip
     """send (W, P) uint8 <- each row of staging (W, n) (float32 or 16-bit, widened
-    exactly) quantized in `bits` in the blocks at `starts` (zero_ref/layout/grad_blocks.py)."""
+    exactly) quantized in `bits` in the blocks at `starts` (zero_ref/layout/grad_blocks.py);
+    send row k is staging row order[k] (default: row k)."""
     world, n = send.shape[0], staging.size // send.shape[0]
     rows = staging.reshape(world, n)
     wide = None if rows.dtype == np.float32 else arrays.temporary(n, np.float32)
-    for d in range(world):
+    for k in range(world):
+        d = k if order is None else order[k]
         row = rows[d] if wide is None else arrays.widen_into(wide, rows[d])
-        pack_rows(row.reshape(1, n), starts, send[d : d + 1], bits)
+        pack_rows(row.reshape(1, n), starts, send[k : k + 1], bits)
 
 
 def dequantize_sum(got: np.ndarray, starts: np.ndarray, recv, arrays: HostArrays,
@@ -172,3 +182,55 @@ def isum_quantized(
     request = mpi.Ialltoall(wire.send, wire.got)
     finish = lambda: dequantize_sum(wire.got, starts, recv, arrays, wire.bits)  # noqa: E731
     return request, finish, (wire.send, wire.got)
+
+
+LOCAL_HOP, CROSS_HOP = "_local", "_cross"  # the ledger's suffixes of qgZ's two hops
+
+
+def hop_bytes(row_bytes: int, hops) -> tuple[int, int]:
+    """Bytes a rank sends in qgZ's two hops (each way), of rows of row_bytes: the first
+    (L-1) x H rows inside its group, the second H-1 rows, one to each other group."""
+    local, groups = hops.local.size, hops.cross.size
+    return (local - 1) * groups * row_bytes, (groups - 1) * row_bytes
+
+
+def first_hop_order(groups: int, local: int) -> np.ndarray:
+    """The staging rows in the first hop's send order: world rank d = h L + l goes to
+    local rank l, so send block l is the rows h L + l for h = 0..H-1 (H rows a block)."""
+    return np.arange(groups * local).reshape(groups, local).T.reshape(-1)
+
+
+def first_hop(local: MPI.Comm, groups: int, staging, starts, wire: QuantizedWire,
+              arrays=HOST) -> None:  # fmt: skip
+    """qgZ's first hop inside a group of L ranks (of H groups): every destination row of
+    staging (W*n,) quantized in first_hop_order into wire.send, an Alltoall over `local`
+    into wire.got (row l H + h: local rank l's block for group h's rank at my place)."""
+    order = first_hop_order(groups, local.Get_size())
+    quantize_staging(staging, starts, wire.send, arrays, wire.bits, order)
+    local.Alltoall(wire.send, wire.got)
+
+
+def ifirst_hop(local: MPI.Comm, groups: int, staging, starts, wire: QuantizedWire,
+               arrays=HOST) -> MPI.Request:  # fmt: skip
+    """first_hop, issued: quantized now, its Alltoall's request returned."""
+    order = first_hop_order(groups, local.Get_size())
+    quantize_staging(staging, starts, wire.send, arrays, wire.bits, order)
+    return local.Ialltoall(wire.send, wire.got)
+
+
+def second_hop(cross: MPI.Comm, recv, starts, wire: QuantizedWire, arrays=HOST) -> None:
+    """qgZ's second hop across the H groups, after first_hop: for each group h the L rows
+    received for its rank at my place, dequantized and added in local rank order in
+    float32 (a partial sum, not rounded), requantized into send row h; an Alltoall over
+    `cross` (this rank's place in every group, in group order) into got's first H rows;
+    recv <- those partials dequantized, added in group order, rounded once."""
+    groups, n = cross.Get_size(), recv.size
+    by_source = wire.got.reshape(wire.got.shape[0] // groups, groups, -1)  # (L, H, P)
+    partials = arrays.temporary(groups * n, np.float32).reshape(groups, n)
+    scratch = arrays.temporary(n, np.float32)
+    for h in range(groups):
+        unpack_sum(by_source[:, h], starts, partials[h], scratch, wire.bits)
+    send, got = wire.send[:groups], wire.got[:groups]  # hop 1's bytes are all read
+    pack_rows(partials, starts, send, wire.bits)
+    cross.Alltoall(send, got)
+    dequantize_sum(got, starts, recv, arrays, wire.bits)

@@ -72,6 +72,12 @@ class BlockingSchedule:
         self.comm.reduce_scatter_quantized(staging, out, starts, wire)
         return Pending(f"reduce_scatter_int{wire.bits}")
 
+    def reduce_bucket_two_hops(self, staging, out, starts, wire, hops, lane: int = 0) -> Pending:
+        """Stages 1-3 with qgZ in two hops (hops: zero_ref/comm/groups.py QgzHops): inside
+        the group, then across the groups."""
+        self.comm.reduce_scatter_quantized_two_hops(staging, out, starts, wire, hops)
+        return Pending(f"reduce_scatter_int{wire.bits} in two hops")
+
     def gather_unit(self, shard: np.ndarray, out: np.ndarray, lane: int = 0) -> Pending:
         """Stage 3: out <- a unit's full parameters from every rank's shard of it."""
         self.comm.allgather(shard, out)
@@ -125,6 +131,13 @@ class OverlappingSchedule(BlockingSchedule):
 
     def reduce_bucket_quantized(self, staging, out, starts, wire, lane: int = 0) -> InFlight:
         return self.comm.ireduce_scatter_quantized(staging, out, starts, wire, f"bucket {lane}")
+
+    def reduce_bucket_two_hops(self, staging, out, starts, wire, hops, lane: int = 0) -> InFlight:
+        """The first hop issued; the second runs when the bucket is waited for."""
+        lane_name = f"bucket {lane}"
+        return self.comm.ireduce_scatter_quantized_two_hops(
+            staging, out, starts, wire, hops, lane_name
+        )
 
     def gather_unit(self, shard: np.ndarray, out: np.ndarray, lane: int = 0) -> InFlight:
         return self.comm.iallgather(shard, out, lane=f"gather {lane}")

@@ -30,7 +30,9 @@ quantized reduce-scatter instead: each destination row cut into the blocks of
 zero_ref/layout/grad_blocks.py, quantized to int8 or int4 (`quantize_bits`, two values
 a byte) into the lane's send bytes, moved by
 an Alltoall into its receive bytes, dequantized and summed in rank order (one pair of
-byte buffers per lane, in the memory ledger as qgz_send / qgz_recv).
+byte buffers per lane, in the memory ledger as qgz_send / qgz_recv). With qgZ's hop
+groups (`hops`, zero_ref/comm/groups.py qgz_hops) the same buffers carry DeepSpeed's two
+hops: inside the group, then the requantized partial sums across the groups.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class GradientBuckets:
         landing,
         quantize_block: int | None = None,
         quantize_bits: int = 8,
+        hops=None,
     ) -> None:
         self.layout, self.plan, self.schedule, self.place = layout, plan, schedule, place
         self.landing = landing
@@ -76,7 +79,10 @@ class GradientBuckets:
         self.block = quantize_block  # qgZ's block (None: the plain reduce-scatter)
         self.bits = quantize_bits  # qgZ's: 8 or 4
         self.wire = self._wire_buffers(place, schedule.lanes) if quantize_block else None
-        reduce = self._reduce_quantized if quantize_block else self._reduce
+        self.hops = hops  # qgZ's two hop groups (None: one hop)
+        reduce = self._reduce
+        if quantize_block:
+            reduce = self._reduce_quantized if hops is None else self._reduce_two_hops
         self.flow = flow_for(schedule, landing, place, widest, landing.dtype, reduce)
         self.lane_of: dict[int, int] = {}  # bucket -> the lane it is packed in, until issued
         self.next_lane = 0
@@ -142,6 +148,13 @@ class GradientBuckets:
         send, got = (b[: self.world * row].reshape(self.world, row) for b in self.wire[lane])
         wire = QuantizedWire(send, got, self.bits)
         return self.schedule.reduce_bucket_quantized(staging, out, starts, wire, lane)
+
+    def _reduce_two_hops(self, bucket: Bucket, staging: np.ndarray, out: np.ndarray, lane: int):
+        starts = self._starts(bucket)
+        row = segment_payload_bytes(bucket.shard_numel, len(starts), self.bits)
+        send, got = (b[: self.world * row].reshape(self.world, row) for b in self.wire[lane])
+        wire = QuantizedWire(send, got, self.bits)
+        return self.schedule.reduce_bucket_two_hops(staging, out, starts, wire, self.hops, lane)
 
     def _staging(self, bucket: Bucket, lane: int) -> np.ndarray:
         """The (W, columns) staging matrix of `bucket` in `lane` (row r goes to rank r):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from zero_ref.comm.collectives import Comm
+from zero_ref.comm.groups import qgz_hops
 from zero_ref.engine.grad_buckets import GradientBuckets, RowsOfFullGradient, bucket_plan
 from zero_ref.engine.grad_shard import GradShardInRam
 from zero_ref.engine.init_source import InitSource
@@ -77,10 +78,26 @@ class Stage1OptimizerSharded(Stage0DataParallel):
     def _make_buckets(self, plan, landing) -> None:
         self._init_updated_gathers()
         qgz = self.cfg.quantize_block if self.cfg.quantized_gradients else None
+        local = self.cfg.quantized_gradient_local_size
+        self.qgz_hops = qgz_hops(self.shard_comm, local) if qgz else None  # a collective
         self.buckets = GradientBuckets(
             self.layout, plan, self.schedule, self.place, self.precision.comm, landing, qgz,
-            self.cfg.quantized_gradient_bits,
+            self.cfg.quantized_gradient_bits, self.qgz_hops,
         )  # fmt: skip
+
+    @property
+    def qgz_local_size(self) -> int | None:
+        """The ranks of qgZ's first hop, as MPI split them (None: one hop): the oracle's."""
+        return None if self.qgz_hops is None else self.qgz_hops.local.size
+
+    def close(self) -> None:
+        """The base engine's close, then qgZ's hop communicators freed (every rank)."""
+        super().close()
+        for comm in self.qgz_hops or ():
+            if comm.mpi:
+                comm.progress.close()
+                comm.mpi.Free()
+        self.qgz_hops = None
 
     def _optimizer_numel(self) -> int:
         return self.layout.shard_numel

@@ -1,0 +1,101 @@
+"""qgZ in two hops (DeepSpeed's all_to_all_quant_reduce across nodes): the oracle's sum
+written out by hand for one aligned unit, the one-hop cases (a group of one rank or of
+all of them, "world"), the bytes of each hop, and the config's and flags' values and
+refusals. The engine's two hops are checked bit for bit against the oracle in
+tests/test_parity.py (pinned examples at 4 ranks in groups of 2)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from zero_ref.app.cli import parse_args
+from zero_ref.comm.groups import group_ranks
+from zero_ref.comm.reduction import first_hop_order, hop_bytes
+from zero_ref.config import AdamWConfig, ZeroConfig
+from zero_ref.oracle import GradientBlocks, Oracle
+from zero_ref.quantize import quantized_rows
+
+WORLD, BLOCK, NUMEL = 4, 4, 32  # one unit of 32 elements: 8 a rank, two blocks a row
+UNITS = (("u", (("w", (NUMEL,)),)),)
+
+
+def oracle_grad(grads: np.ndarray, local: int | None, bits: int) -> np.ndarray:
+    """The mean gradient (W, NUMEL) -> what the oracle gave AdamW, in hops of `local`."""
+    blocks = GradientBlocks(UNITS, 1, 1 << 20, BLOCK, bits, local)
+    oracle = Oracle({"u.w": np.zeros(NUMEL, np.float32)}, AdamWConfig(), gradient_blocks=blocks)
+    oracle.step([[{"u.w": g} for g in grads]])
+    return oracle.last_detail.grad
+
+
+def through_wire(rows: np.ndarray, bits: int) -> np.ndarray:
+    """One aligned unit: each destination's row is BLOCK-aligned, so the wire quantizes
+    the flat vector in blocks of BLOCK."""
+    starts = np.arange(0, NUMEL, BLOCK, dtype=np.int64)
+    return quantized_rows(rows, starts, bits)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_two_hops_sum_each_groups_quantized_rows_then_requantize_the_partials(bits):
+    grads = np.random.default_rng(bits).standard_normal((WORLD, NUMEL)).astype(np.float32)
+    q = through_wire(grads, bits)
+    partials = np.stack([q[0] + q[1], q[2] + q[3]])  # float32, in rank order
+    requantized = through_wire(partials, bits)
+    expected = (requantized[0] + requantized[1]) / np.float32(WORLD)
+    assert np.array_equal(oracle_grad(grads, 2, bits), expected)
+    one_hop = (((q[0] + q[1]) + q[2]) + q[3]) / np.float32(WORLD)
+    assert np.array_equal(oracle_grad(grads, None, bits), one_hop)
+    assert not np.array_equal(expected, one_hop)  # the second quantization is seen
+
+
+@pytest.mark.parametrize("local", [1, WORLD])
+def test_a_group_of_one_rank_or_of_all_is_one_hop(local):
+    grads = np.random.default_rng(local).standard_normal((WORLD, NUMEL)).astype(np.float32)
+    assert np.array_equal(oracle_grad(grads, local, 4), oracle_grad(grads, None, 4))
+
+
+def test_the_oracle_refuses_a_local_size_that_does_not_divide():
+    grads = np.ones((WORLD, NUMEL), np.float32)
+    with pytest.raises(ValueError, match="local size 3 does not divide the 4 ranks"):
+        oracle_grad(grads, 3, 8)
+
+
+def test_first_hop_order_sends_each_local_rank_its_place_in_every_group():
+    # 3 groups of 2: local rank 0 gets world ranks 0, 2, 4; local rank 1 gets 1, 3, 5
+    assert first_hop_order(3, 2).tolist() == [0, 2, 4, 1, 3, 5]
+
+
+@pytest.mark.parametrize("groups, local", [(2, 2), (2, 4), (4, 2), (3, 5)])
+def test_the_two_hops_send_the_one_hops_rows_fewer_of_them_across(groups, local):
+    class Hops:  # the sizes hop_bytes reads
+        pass
+
+    hops = Hops()
+    hops.local, hops.cross = Hops(), Hops()
+    hops.local.size, hops.cross.size = local, groups
+    within, across = hop_bytes(10, hops)
+    world = groups * local
+    assert within + across == (world - 1) * 10  # the one hop's W-1 rows
+    assert across == (groups - 1) * 10  # one hop sends (W - L) rows across
+    assert across <= (world - local) * 10
+
+
+def test_config_and_flags_take_the_local_size():
+    zero = parse_args(["--quantized-gradients"], 1).zero
+    assert zero.quantized_gradient_local_size == "host"
+    for value, parsed in (("world", "world"), ("2", 2), ("host", "host")):
+        argv = ["--quantized-gradients", "--quantized-gradient-local-size", value]
+        assert parse_args(argv, 1).zero.quantized_gradient_local_size == parsed
+    with pytest.raises(ValueError, match="quantized_gradient_local_size=2.*without quantized"):
+        ZeroConfig(stage=2, quantized_gradient_local_size=2)
+    with pytest.raises(ValueError, match="quantized_gradient_local_size=0 is not allowed"):
+        ZeroConfig(stage=2, quantized_gradients=True, quantized_gradient_local_size=0)
+    with pytest.raises(ValueError, match="--quantized-gradient-local-size 'node'"):
+        parse_args(["--quantized-gradients", "--quantized-gradient-local-size", "node"], 1)
+
+
+def test_a_local_size_that_does_not_divide_the_ranks_names_the_allowed_ones():
+    with pytest.raises(
+        ValueError, match="quantized_gradient_local_size 3 does not divide.*1, 2, 4"
+    ):
+        group_ranks(4, 3, "quantized_gradient_local_size")
