@@ -83,9 +83,9 @@ SETUPS: tuple[Setup, ...] = (
         ("--quantized-weights", "--hpz-partition-size", "host", *INT4, *ONE_HOP),
         (0.5, 0.0, 0.25),  # the paper's ZeRO++: 0.75 M
     ),
-    Setup("+qgZ int4, two hops", (*INT4, *TWO_HOPS), (1.0, 1.0, 0.25)),
+    Setup("+qgZ int4 2-hop", (*INT4, *TWO_HOPS), (1.0, 1.0, 0.25)),
     Setup(
-        "all three (int4 qgZ, two hops)",
+        "all three (2-hop int4 qgZ)",
         ("--quantized-weights", "--hpz-partition-size", "host", *INT4, *TWO_HOPS),
         (0.5, 0.0, 0.25),  # the paper's ZeRO++ in DeepSpeed's schedule
     ),
@@ -212,7 +212,7 @@ def check(target: str, value: float | None, bound: float) -> dict:
 
 
 # the paper's ZeRO++ in DeepSpeed's two hops first, then in one hop, then with int8
-ALL_THREE = ("all three (int4 qgZ, two hops)", "all three (int4 qgZ)", "all three")
+ALL_THREE = ("all three (2-hop int4 qgZ)", "all three (int4 qgZ)", "all three")
 
 
 def link_targets(rows: list[dict], links: list[dict]) -> list[dict]:
