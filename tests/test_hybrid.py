@@ -106,6 +106,19 @@ def test_deepspeed_key_and_flag_turn_hybrid_sharding_on(tmp_path):
             parse_args(bad, 4)
 
 
+def test_mics_hierarchical_gather_is_read_and_reported_not_built(tmp_path):
+    """zero_optimization.mics_hierarchical_params_gather (deepspeed/runtime/zero/config.py,
+    a bool): true is reported by name as not implemented; false asks for nothing."""
+    path = tmp_path / "ds.json"
+    for value, warned in [(True, True), (False, False)]:
+        zero = {"stage": 3, "mics_shard_size": 2, "mics_hierarchical_params_gather": value}
+        path.write_text(json.dumps({"zero_optimization": zero}))
+        notes = parse_args(["--config", str(path)], 4).notes
+        said = [n for n in notes if "mics_hierarchical_params_gather" in n]
+        assert bool(said) == warned and not [n for n in notes if "unknown key" in n]
+        assert not warned or "not implemented" in said[0]
+
+
 def test_a_hybrid_training_run_says_so_and_is_counted(tmp_path):
     """4 ranks in 2 groups of 2: the first line names the groups, every step is bitwise
     the oracle's, the final record's expected bytes are the ledger's (a group's schedule

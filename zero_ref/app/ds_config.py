@@ -50,7 +50,10 @@ def _set(out: ParsedConfig, key: str, value: Any) -> None:
         out.settings[setting.dest] = parsed
 
 
-ZERO_NOT_YET: tuple[str, ...] = ()
+# DeepSpeed keys read, not built: true is reported as not implemented (no effect), false
+# asks for nothing. MiCS's hierarchical gather (deepspeed/runtime/zero/mics.py) would
+# all-gather a shard group that spans nodes in two hops; the values would not change.
+ZERO_NOT_YET: tuple[str, ...] = ("mics_hierarchical_params_gather",)
 ZERO_ALWAYS_ON = (  # what zero_ref always does; false asks for something it cannot do
     "contiguous_gradients",  # buffers are always contiguous
     "reduce_scatter",  # gradients are always reduce-scattered (stages 1-3)
