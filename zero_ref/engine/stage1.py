@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from zero_ref.comm.collectives import Comm
-from zero_ref.comm.groups import qgz_hops
+from zero_ref.comm.groups import qgz_hops_for
 from zero_ref.engine.grad_buckets import GradientBuckets, RowsOfFullGradient, bucket_plan
 from zero_ref.engine.grad_shard import GradShardInRam
 from zero_ref.engine.init_source import InitSource
@@ -78,8 +78,7 @@ class Stage1OptimizerSharded(Stage0DataParallel):
     def _make_buckets(self, plan, landing) -> None:
         self._init_updated_gathers()
         qgz = self.cfg.quantize_block if self.cfg.quantized_gradients else None
-        local = self.cfg.quantized_gradient_local_size
-        self.qgz_hops = qgz_hops(self.shard_comm, local) if qgz else None  # a collective
+        self.qgz_hops = qgz_hops_for(self.cfg, self.shard_comm)  # a collective
         self.buckets = GradientBuckets(
             self.layout, plan, self.schedule, self.place, self.precision.comm, landing, qgz,
             self.cfg.quantized_gradient_bits, self.qgz_hops,
