@@ -147,9 +147,44 @@ def zeropp_blocks(res: Result) -> str:
     return f"{caption}{measured_by(res)}\n\n{table(header, rows)}"
 
 
+def hybrid_memory(res: Result) -> str:
+    """scripts/hybrid_memory.py: per run the real peak, the ledger, untracked and the
+    estimate in bytes per parameter, and its targets."""
+    d = res.data
+    rows = [
+        [
+            r["config"],
+            str(r["ranks"]),
+            f"{r['real_peak']:.2f}",
+            f"{r['ledger']:.2f}",
+            f"{r['untracked']:.2f}",
+            f"{r['estimate']:.2f}",
+            f"{100 * r['estimate_error']:+.1f} %",
+        ]
+        for r in d["rows"]
+    ]
+    header = ["stage 3", "ranks", "real peak", "ledger", "untracked", "estimate", "error"]
+    t = d["targets"]
+    verdict = lambda ok: "holds" if ok else "fails"  # noqa: E731
+    checks = [
+        f"- hybrid's ledger / plain {d['group']} ranks' = {t['hybrid_ledger_over_plain_g']:.3f} "
+        f"(as at world G, within 1 %: {verdict(t['ledger_as_at_world_g'])})",
+        f"- hybrid's untracked - plain {d['group']} ranks' = {t['untracked_gap']:+.3f} bytes per "
+        f"parameter (within 0.25: {verdict(t['untracked_within_0p25'])})",
+        f"- hybrid's estimate against its real peak: {100 * t['estimate_error']:+.1f} % (within "
+        f"15 %: {verdict(t['estimate_within_15pct'])})",
+    ]
+    caption = (
+        f"GPT {d['size']}, bytes per parameter per rank, max over ranks, {d['steps']} steps. "
+        + measured_by(res)
+    )
+    return "\n\n".join([caption, table(header, rows), "\n".join(checks)])
+
+
 RENDERERS = {
     f.__name__: f
     for f in (
+        hybrid_memory,
         qwz_padding,
         qwz_error,
         qgz_error,
