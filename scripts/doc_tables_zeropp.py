@@ -181,9 +181,26 @@ def hybrid_memory(res: Result) -> str:
     return "\n\n".join([caption, table(header, rows), "\n".join(checks)])
 
 
+def zeropp_summary(link: Result, loss: Result) -> str:
+    """README's lines: the targets of the bench's all three (bytes, step time at each
+    comm-bound rate), and each configuration's final loss against stage 3's (signed)."""
+    lines = [f"- {c['target']}: {c['value']:.3g}, {'holds' if c['holds'] else 'fails'}"
+             for c in link.data["targets"]]  # fmt: skip
+    rows = [r for r in loss.data["loss_rows"] if not r.get("skipped")]
+    plain = rows[0]["mean"]
+    moved = ", ".join(f"{r['config']} {100 * (r['mean'] / plain - 1):+.2f} %" for r in rows[1:])
+    held = all(c["holds"] for c in loss.data["targets"])
+    lines.append(
+        f"- final loss against stage 3's ({loss.data['settings']['steps_loss']} steps, mean over "
+        f"seeds; the target: within 2 %, {'holds for every one' if held else 'fails'}): {moved}"
+    )
+    return measured_by(link, loss) + "\n\n" + "\n".join(lines)
+
+
 RENDERERS = {
     f.__name__: f
     for f in (
+        zeropp_summary,
         hybrid_memory,
         qwz_padding,
         qwz_error,

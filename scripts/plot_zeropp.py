@@ -43,7 +43,8 @@ def running_mean(x: list[float], n: int = SMOOTH) -> np.ndarray:
 def loss_figure(result: dict) -> plt.Figure:
     """The loss curves of every configuration run (the first seed's)."""
     rows = [r for r in result["loss_rows"] if not r.get("skipped")]
-    fig, (whole, tail) = plt.subplots(1, 2, figsize=(11, 4.2))
+    legend_in = 0.3 + 0.19 * -(-len(rows) // 2)  # inches under the axes: two columns
+    fig, (whole, tail) = plt.subplots(1, 2, figsize=(11, 3.6 + legend_in))
     for i, r in enumerate(rows):
         color, style = f"C{i}", ("-", "--", ":", "-.")[i % 4]  # identical curves stay visible
         steps = np.arange(1, len(r["curve"]) + 1)
@@ -67,7 +68,7 @@ def loss_figure(result: dict) -> plt.Figure:
     fig.legend(loc="lower center", ncol=2, fontsize=8, frameon=False)
     fig.suptitle(f"ZeRO++ options, quantize block {s['quantize_block']}, {s['steps_loss']} "
                  "steps: final loss = mean of the last 50", fontsize=10)  # fmt: skip
-    fig.tight_layout(rect=(0, 0.16, 1, 0.95))
+    fig.tight_layout(rect=(0, legend_in / (3.6 + legend_in), 1, 0.95))
     return fig
 
 

@@ -192,6 +192,7 @@ def test_the_blocks_figure_draws_every_block_under_its_bound(plot):
     [
         ("bench_zeropp_loss", "zeropp_loss.png", "loss_figure"),
         ("bench_zeropp_loss_int4", "zeropp_loss_int4.png", "loss_figure"),
+        ("bench_zeropp_loss_hops", "zeropp_loss_hops.png", "loss_figure"),
         ("zeropp_quantize_blocks", "zeropp_quantize_error.png", "blocks_figure"),
     ],
 )

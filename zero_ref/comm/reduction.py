@@ -205,17 +205,21 @@ def first_hop(local: MPI.Comm, groups: int, staging, starts, wire: QuantizedWire
     """qgZ's first hop inside a group of L ranks (of H groups): every destination row of
     staging (W*n,) quantized in first_hop_order into wire.send, an Alltoall over `local`
     into wire.got (row l H + h: local rank l's block for group h's rank at my place)."""
-    order = first_hop_order(groups, local.Get_size())
-    quantize_staging(staging, starts, wire.send, arrays, wire.bits, order)
+    _quantize_first_hop(local.Get_size(), groups, staging, starts, wire, arrays)
     local.Alltoall(wire.send, wire.got)
 
 
 def ifirst_hop(local: MPI.Comm, groups: int, staging, starts, wire: QuantizedWire,
                arrays=HOST) -> MPI.Request:  # fmt: skip
     """first_hop, issued: quantized now, its Alltoall's request returned."""
-    order = first_hop_order(groups, local.Get_size())
-    quantize_staging(staging, starts, wire.send, arrays, wire.bits, order)
+    _quantize_first_hop(local.Get_size(), groups, staging, starts, wire, arrays)
     return local.Ialltoall(wire.send, wire.got)
+
+
+def _quantize_first_hop(local: int, groups: int, staging, starts, wire, arrays) -> None:
+    """wire.send <- staging's W destination rows quantized, in first_hop_order."""
+    order = first_hop_order(groups, local)
+    quantize_staging(staging, starts, wire.send, arrays, wire.bits, order)
 
 
 def second_hop(cross: MPI.Comm, recv, starts, wire: QuantizedWire, arrays=HOST) -> None:
