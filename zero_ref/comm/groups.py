@@ -102,7 +102,7 @@ def qgz_hops(comm: Comm, local_size: int | str) -> QgzHops | None:
         return None
     local = partition_group(comm, local_size, name)
     if local_size == "host":
-        _check_consecutive(comm.mpi, local, name)
+        _check_consecutive(comm.mpi, local, name, "give 'world' for one hop, or an integer size")
     if local.size in (1, comm.size):
         local.mpi.Free()
         return None
@@ -129,7 +129,9 @@ class BookedAs:
         return getattr(self.ledger, name)
 
 
-def _check_consecutive(mpi_comm: MPI.Comm, group: Comm, name: str) -> None:
+def _check_consecutive(
+    mpi_comm: MPI.Comm, group: Comm, name: str, instead: str = "give an integer size"
+) -> None:
     """'host' groups must be [g G, (g+1) G), as an integer size makes them (MPICH's
     default placement fills hosts in rank order), so the oracle's grouping is G's."""
     members = group.mpi.allgather(mpi_comm.Get_rank())  # world ranks, in group order
@@ -141,7 +143,7 @@ def _check_consecutive(mpi_comm: MPI.Comm, group: Comm, name: str) -> None:
         raise ValueError(
             f"{name} 'host': some host's ranks are not consecutive world ranks (a "
             "round-robin placement); 'host' needs each host to hold ranks [g G, (g+1) G) "
-            "(give an integer size, or place the ranks by host)"
+            f"({instead}, or place the ranks by host)"
         )
 
 
