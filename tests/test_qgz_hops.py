@@ -1,14 +1,18 @@
 """qgZ in two hops (DeepSpeed's all_to_all_quant_reduce across nodes): the oracle's sum
 written out by hand for one aligned unit, the one-hop cases (a group of one rank or of
 all of them, "world"), the bytes of each hop, and the config's and flags' values and
-refusals. The engine's two hops are checked bit for bit against the oracle in
+refusals, and one run of 8 ranks with hybrid sharding, its shard groups of 4 summed in
+two hops of 2. The engine's two hops are checked bit for bit against the oracle in
 tests/test_parity.py (pinned examples at 4 ranks in groups of 2)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
+from tests.test_train import TINY_GPT_MODEL, train
 from zero_ref.app.cli import parse_args
 from zero_ref.comm.groups import group_ranks
 from zero_ref.comm.reduction import first_hop_order, hop_bytes
@@ -99,3 +103,25 @@ def test_a_local_size_that_does_not_divide_the_ranks_names_the_allowed_ones():
         ValueError, match="quantized_gradient_local_size 3 does not divide.*1, 2, 4"
     ):
         group_ranks(4, 3, "quantized_gradient_local_size")
+
+
+def test_hybrid_sharding_groups_sum_in_two_hops_bitwise_the_oracle(tmp_path):
+    """8 ranks, hybrid shard groups of 4, qgZ inside each group in two hops of 2: every
+    step bitwise the oracle's, the two hops in the ledger, their bytes the one hop's."""
+    text = tmp_path / "text.txt"
+    text.write_text("It is a truth universally acknowledged, that a single man. " * 20)
+    log = tmp_path / "run.jsonl"
+    flags = [*TINY_GPT_MODEL, "--batch-size", "8", "--data", str(text), "--stage", "2"]
+    flags += ["--hybrid-shard-size", "4", "--quantized-gradients", "--quantized-gradient-bits"]
+    flags += ["4", "--quantized-gradient-local-size", "2", "--quantize-block", "16"]
+    checks = ["--steps", "2", "--deterministic", "--check-oracle", "--log-jsonl", str(log)]
+    done = train(8, *flags, *checks)
+    assert done.returncode == 0, done.stderr
+    assert "bitwise equal to the single-rank oracle" in done.stdout
+    final = json.loads(log.read_text().splitlines()[-1])
+    kinds = ("reduce_scatter_int4_local", "reduce_scatter_int4_cross", "allgather")
+    for rank in final["ranks"]:
+        step = rank["comm_last_step"]
+        assert step["reduce_scatter_int4_cross"]["sent_bytes"] > 0
+        sent = sum(step[k]["sent_bytes"] for k in kinds) + step["allreduce_hybrid"]["sent_bytes"]
+        assert sent == final["expected_sent_bytes"]
