@@ -14,6 +14,11 @@ call, whenever the bytes happen to arrive.
 MPI advances a request only inside MPI calls unless something drives it: the
 Comm's progress policy (zero_ref/comm/progress.py) is told of each request when
 it is issued and when it is waited for.
+
+A `ChainedFlight` is a collective made of two calls, the second computed from the
+first's bytes (qgZ's two hops, zero_ref/comm/reduction.py): the schedule's poke at a
+unit boundary (`Comm.advance`) issues the second as soon as the first is in, so it too
+moves behind compute; its wait issues the second if no poke did.
 """
 
 from __future__ import annotations
@@ -69,3 +74,47 @@ class InFlight:
         self.comm.in_flight.remove(self)
         blocked = self.issue_seconds + time.perf_counter() - t0
         self.comm.ledger.record_waited(self.kind, self.issued_at, blocked, self.where, **self.args)
+
+
+class ChainedFlight(InFlight):
+    """Two issued calls, the second needing the first's bytes; `wait()` once, as for one."""
+
+    def __init__(
+        self,
+        comm,
+        kind: str,
+        request: MPI.Request,
+        second: Callable[[], MPI.Request],
+        finish: Finish,
+        keep: tuple = (),
+        args: dict | None = None,
+    ) -> None:
+        """second: what turns the first call's bytes into the second call, issued (its
+        request); finish: what completes the result after the second."""
+        super().__init__(comm, kind, request, finish, keep, args)
+        self.second = second
+        self.second_issued = False
+
+    def advance(self) -> bool:
+        """Issue the second call if the first is complete (MPI_Test); whether it is
+        issued. The progress policies never test the engine's requests, so this is the
+        one thread that does."""
+        if not self.second_issued and self.request.Test():
+            self._issue_second()
+        return self.second_issued
+
+    def wait(self) -> None:
+        """The first call waited for and the second issued, if no poke did; then the
+        second waited for and the result completed (the time blocked: both)."""
+        if not self.second_issued:
+            t0 = time.perf_counter()
+            self.request.Wait()
+            self._issue_second()
+            self.issue_seconds += time.perf_counter() - t0
+        super().wait()
+
+    def _issue_second(self) -> None:
+        self.comm.progress.finished(self.request)
+        self.request = self.second()
+        self.comm.progress.started(self.request)
+        self.second_issued = True

@@ -24,15 +24,16 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from zero_ref.comm.in_flight import InFlight
+from zero_ref.comm.in_flight import ChainedFlight, InFlight
 from zero_ref.comm.reduction import (
     CROSS_HOP,
     LOCAL_HOP,
+    finish_second_hop,
     hop_bytes,
     ifirst_hop,
+    isecond_hop,
     isum_16bit_words,
     isum_quantized,
-    second_hop,
     words_of,
 )
 from zero_ref.dtypes import DTYPES
@@ -102,26 +103,37 @@ class NonBlockingCollectives:
 
     def ireduce_scatter_quantized_two_hops(
         self, send: np.ndarray, recv: np.ndarray, starts: np.ndarray, wire, hops, lane: str = ""
-    ) -> InFlight:
+    ) -> ChainedFlight:
         """reduce_scatter_quantized_two_hops, issued: quantized and the first hop's
-        Alltoall issued now; when it is waited for, the partial sums, the second hop
-        (blocking: it needs the first hop's bytes) and the final sum."""
+        Alltoall issued now; the partial sums and the second hop's Alltoall issued when
+        the first is in (`advance`, at a unit boundary, or the wait); the final sum when
+        the second is in."""
         t0 = time.perf_counter()
         self._check(send, recv, same_dtype=False)
         check_quantized(send, recv, starts, wire, self.size)
         kind = f"reduce_scatter_int{wire.bits}"
         self._agree(kind + LOCAL_HOP, recv.size, f"blocks {len(starts)}")
         within, across = hop_bytes(wire.send.shape[1], hops)
-        groups = hops.cross.size
-        request = ifirst_hop(hops.local.mpi, groups, send, starts, wire, self.arrays)
-        hop2 = lambda: second_hop(hops.cross.mpi, recv, starts, wire, self.arrays)  # noqa: E731
-        finish = lambda: self.ledger.run(kind + CROSS_HOP, across, across, hop2)  # noqa: E731
+        request = ifirst_hop(hops.local.mpi, hops.cross.size, send, starts, wire, self.arrays)
+
+        def second() -> MPI.Request:
+            self.ledger.record_issued(kind + CROSS_HOP, across, across)
+            return isecond_hop(hops.cross.mpi, starts, recv.size, wire, self.arrays)
+
+        finish = lambda: finish_second_hop(hops.cross.size, starts, recv, wire, self.arrays)  # noqa: E731
         self.ledger.record_issued(kind + LOCAL_HOP, within, within)
-        flight = InFlight(
-            self, kind + LOCAL_HOP, request, finish, (wire.send, wire.got), {"sent_bytes": within}
-        )
+        keep, args = (wire.send, wire.got), {"sent_bytes": within + across}
+        flight = ChainedFlight(self, kind + LOCAL_HOP, request, second, finish, keep, args)
         flight.issue_seconds = time.perf_counter() - t0
         return flight
+
+    def advance(self) -> None:
+        """A unit boundary: issue the second call of every chained collective whose first
+        is in, oldest first, stopping at the first that is not (so every rank issues
+        the second calls in the same order)."""
+        for flight in list(self.in_flight):
+            if isinstance(flight, ChainedFlight) and not flight.advance():
+                return
 
     def _ireduce_scatter_rounded(self, send: np.ndarray, recv: np.ndarray):
         """A float32 sum by the policy into a temporary, rounded once into recv after."""

@@ -228,13 +228,33 @@ def second_hop(cross: MPI.Comm, recv, starts, wire: QuantizedWire, arrays=HOST) 
     float32 (a partial sum, not rounded), requantized into send row h; an Alltoall over
     `cross` (this rank's place in every group, in group order) into got's first H rows;
     recv <- those partials dequantized, added in group order, rounded once."""
-    groups, n = cross.Get_size(), recv.size
+    groups = cross.Get_size()
+    _requantize_partials(groups, starts, recv.size, wire, arrays)
+    cross.Alltoall(wire.send[:groups], wire.got[:groups])
+    finish_second_hop(groups, starts, recv, wire, arrays)
+
+
+def isecond_hop(cross: MPI.Comm, starts, n: int, wire: QuantizedWire, arrays=HOST) -> MPI.Request:
+    """second_hop, issued once the first hop's bytes are in: the partials of rows of n
+    requantized now, the Alltoall's request returned (finish_second_hop completes it)."""
+    groups = cross.Get_size()
+    _requantize_partials(groups, starts, n, wire, arrays)
+    return cross.Ialltoall(wire.send[:groups], wire.got[:groups])
+
+
+def finish_second_hop(groups: int, starts, recv, wire: QuantizedWire, arrays=HOST) -> None:
+    """recv <- the H received partials (got's first H rows) dequantized, added in group
+    order in float32, rounded once."""
+    dequantize_sum(wire.got[:groups], starts, recv, arrays, wire.bits)
+
+
+def _requantize_partials(groups: int, starts, n: int, wire: QuantizedWire, arrays) -> None:
+    """send's first H rows <- for each group h, the L rows got holds for its rank at my
+    place dequantized, added in local rank order in float32 and quantized again (hop 1's
+    bytes are all read before any is overwritten)."""
     by_source = wire.got.reshape(wire.got.shape[0] // groups, groups, -1)  # (L, H, P)
     partials = arrays.temporary(groups * n, np.float32).reshape(groups, n)
     scratch = arrays.temporary(n, np.float32)
     for h in range(groups):
         unpack_sum(by_source[:, h], starts, partials[h], scratch, wire.bits)
-    send, got = wire.send[:groups], wire.got[:groups]  # hop 1's bytes are all read
-    pack_rows(partials, starts, send, wire.bits)
-    cross.Alltoall(send, got)
-    dequantize_sum(got, starts, recv, arrays, wire.bits)
+    pack_rows(partials, starts, wire.send[:groups], wire.bits)

@@ -133,7 +133,8 @@ class OverlappingSchedule(BlockingSchedule):
         return self.comm.ireduce_scatter_quantized(staging, out, starts, wire, f"bucket {lane}")
 
     def reduce_bucket_two_hops(self, staging, out, starts, wire, hops, lane: int = 0) -> InFlight:
-        """The first hop issued; the second runs when the bucket is waited for."""
+        """The first hop issued; the second issued at the first unit boundary after the
+        first is in (the schedule's poke), or when the bucket is waited for."""
         lane_name = f"bucket {lane}"
         return self.comm.ireduce_scatter_quantized_two_hops(
             staging, out, starts, wire, hops, lane_name
@@ -159,8 +160,10 @@ class OverlappingSchedule(BlockingSchedule):
         """Stage 1: every unit was sent through the buckets during backward."""
 
     def poke(self) -> None:
-        """A unit boundary: let the progress policy drive what is in flight."""
+        """A unit boundary: let the progress policy drive what is in flight, and issue
+        the second calls of chained collectives whose first is in (qgZ's second hop)."""
         self.comm.progress.poke()
+        self.comm.advance()
 
     def settle(self) -> None:
         """Wait for everything still in flight (before state is read or written)."""
