@@ -125,3 +125,64 @@ def test_hybrid_sharding_groups_sum_in_two_hops_bitwise_the_oracle(tmp_path):
         assert step["reduce_scatter_int4_cross"]["sent_bytes"] > 0
         sent = sum(step[k]["sent_bytes"] for k in kinds) + step["allreduce_hybrid"]["sent_bytes"]
         assert sent == final["expected_sent_bytes"]
+
+
+class FakeRequest:
+    """A request whose first call completes when told (Test), and a log of the calls."""
+
+    def __init__(self, name: str, log: list, done: bool = False) -> None:
+        self.name, self.log, self.done = name, log, done
+
+    def Test(self) -> bool:  # noqa: N802 - mpi4py's name
+        return self.done
+
+    def Wait(self) -> None:  # noqa: N802
+        self.log.append(f"wait {self.name}")
+
+
+class FakeComm:
+    """What a ChainedFlight and Comm.advance read of a Comm."""
+
+    def __init__(self) -> None:
+        from zero_ref.comm.ledger import CommLedger
+        from zero_ref.comm.progress import NoProgress
+
+        self.progress, self.ledger, self.in_flight = NoProgress(), CommLedger(), []
+
+
+def test_advance_issues_second_calls_oldest_first_and_stops_at_one_not_in():
+    """Every rank must issue the second hops in bucket order: a bucket's second call waits
+    for every older bucket's, even when its own first call is in."""
+    from zero_ref.comm.in_flight import ChainedFlight
+    from zero_ref.comm.nonblocking import NonBlockingCollectives
+
+    comm, log = FakeComm(), []
+
+    def chained(name: str, done: bool) -> ChainedFlight:
+        def second():
+            log.append(f"issue {name}")
+            return FakeRequest(f"{name}2", log, True)
+
+        return ChainedFlight(comm, "k", FakeRequest(name, log, done), second, lambda: None)
+
+    a, b, c = chained("a", True), chained("b", False), chained("c", True)
+    NonBlockingCollectives.advance(comm)
+    assert log == ["issue a"]  # c's first is in, but b's is not: c waits its turn
+    b.request.done = True
+    NonBlockingCollectives.advance(comm)
+    assert log == ["issue a", "issue b", "issue c"]
+    NonBlockingCollectives.advance(comm)  # nothing left to issue: nothing twice
+    assert log.count("issue c") == 1
+    for flight in (a, b, c):
+        flight.wait()
+    assert log[3:] == ["wait a2", "wait b2", "wait c2"] and comm.in_flight == []
+
+
+def test_a_wait_before_any_boundary_issues_the_second_call_itself():
+    from zero_ref.comm.in_flight import ChainedFlight
+
+    comm, log = FakeComm(), []
+    second = lambda: log.append("issue") or FakeRequest("2", log, True)  # noqa: E731
+    flight = ChainedFlight(comm, "k", FakeRequest("1", log), second, lambda: log.append("sum"))
+    flight.wait()
+    assert log == ["wait 1", "issue", "wait 2", "sum"]
