@@ -32,42 +32,32 @@ def _clip_to_config(value: float, _: Any) -> float | None:
     return value or None  # --clip 0 (gradient_clipping 0): no clipping, ZeroConfig's None
 
 
-def _hpz_to_config(value: str | int, _: Any) -> int | str:
-    """--hpz-partition-size: 'host', or an integer (a DeepSpeed config's is one already)."""
-    if value == "host" or isinstance(value, int):
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(
-            f"--hpz-partition-size {value!r}: allowed are an integer >= 1 (1: off) or 'host'"
-        ) from None
+def _size_or_word(flag: str, words: tuple[str, ...], allowed: str):
+    """A group-size setting's reader: one of `words`, an integer (a DeepSpeed config's is
+    one already), or nothing (unset); any other text is refused naming the flag."""
+
+    def to_config(value: str | int | None, _: Any) -> int | str | None:
+        if value is None or value in words or isinstance(value, int):
+            return value
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError(f"{flag} {value!r}: allowed are {allowed}") from None
+
+    return to_config
 
 
-def _hybrid_to_config(value: str | int | None, _: Any) -> int | str | None:
-    """--hybrid-shard-size: 'host', an integer, or nothing (off)."""
-    if value is None or value == "host" or isinstance(value, int):
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(
-            f"--hybrid-shard-size {value!r}: allowed are an integer >= 1 dividing the world "
-            "size, or 'host'"
-        ) from None
-
-
-def _qgz_local_to_config(value: str | int, _: Any) -> int | str:
-    """--quantized-gradient-local-size: 'host', 'world', or an integer."""
-    if value in ("host", "world") or isinstance(value, int):
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(
-            f"--quantized-gradient-local-size {value!r}: allowed are 'host', 'world' or an "
-            "integer >= 1 dividing the ranks qgZ sums over"
-        ) from None
+_hpz_to_config = _size_or_word(
+    "--hpz-partition-size", ("host",), "an integer >= 1 (1: off) or 'host'"
+)
+_hybrid_to_config = _size_or_word(
+    "--hybrid-shard-size", ("host",), "an integer >= 1 dividing the world size, or 'host'"
+)
+_qgz_local_to_config = _size_or_word(
+    "--quantized-gradient-local-size",
+    ("host", "world"),
+    "'host', 'world' or an integer >= 1 dividing the ranks qgZ sums over",
+)
 
 
 def _accum_to_config(value: str | None, s: Any) -> str | None:
