@@ -71,21 +71,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     add_record_flag(p, "qgz_error")
     args, extra = p.parse_known_args()
+    if args.steps < 0 or args.world < 1:
+        p.error(f"--steps {args.steps} >= 0 and --world {args.world} >= 1 required")
     flags = [a for a in extra if a != "--"]
     parsed = parse_args(["--quantized-gradients", "--stage", "3", *flags], args.world)
-    run, zero = parsed.run, parsed.zero
-    vocab, tokens = encode_corpus(load_text(run.data))
-    task = build_task(run, vocab, tokens, args.world, zero.grad_accum)
-    model = task.model
-    oracle = Oracle.for_config(init_params(model, run.seed), zero, model)
-    loss = float("nan")
-    for step in range(args.steps):
-        inputs, targets = task.batches(step)
-        loss = oracle.model_step(model, inputs, targets)
-    inputs, targets = task.batches(args.steps)
-    params = oracle.model_parameters()
-    grads = [oracle.model_gradients(model, params, params, inputs[0, r], targets[0, r])[1]
-             for r in range(args.world)]  # fmt: skip
+    zero = parsed.zero
+    task, oracle, loss = trained_oracle(parsed, args.world, args.steps)
+    grads = rank_gradients(oracle, task, args.steps, args.world)
     rows = np.stack([oracle.flatten(g) for g in grads])
     gb = oracle.gradient_blocks
     layout = build_layout(gb.units, args.world, gb.align)
@@ -115,6 +107,30 @@ def main() -> None:
         },
         args.record,
     )
+
+
+def trained_oracle(parsed, world: int, steps: int):
+    """(task, oracle, loss): the oracle of parsed's run after `steps` steps on its
+    batches at `world` ranks (loss: the last step's, NaN for none)."""
+    run, zero = parsed.run, parsed.zero
+    vocab, tokens = encode_corpus(load_text(run.data))
+    task = build_task(run, vocab, tokens, world, zero.grad_accum)
+    oracle = Oracle.for_config(init_params(task.model, run.seed), zero, task.model)
+    loss = float("nan")
+    for step in range(steps):
+        loss = oracle.model_step(task.model, *task.batches(step))
+    return task, oracle, loss
+
+
+def rank_gradients(oracle: Oracle, task, step: int, world: int) -> list:
+    """Each rank's gradients (named) of the first micro-batch of `step`, at the oracle's
+    parameters: what its qgZ reduce-scatter would send."""
+    inputs, targets = task.batches(step)
+    params = oracle.model_parameters()
+    return [
+        oracle.model_gradients(task.model, params, params, inputs[0, r], targets[0, r])[1]
+        for r in range(world)
+    ]
 
 
 def errors(matrices: list[np.ndarray], layout, zero, bits: int) -> dict:

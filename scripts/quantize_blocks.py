@@ -22,15 +22,12 @@ import sys
 import numpy as np
 from bench_common import add_record_flag, emit, load_average
 from qgz_error import block_errors as gradient_block_errors
-from qgz_error import shard_matrix
+from qgz_error import rank_gradients, shard_matrix, trained_oracle
 from quantize_error import block_errors as weight_block_errors
 from quantize_error import unit_flats
 
 from zero_ref.app.cli import parse_args
-from zero_ref.app.data import encode_corpus, load_text
-from zero_ref.app.tasks import build_task
 from zero_ref.layout.flat import build_layout
-from zero_ref.models.unit import init_params
 from zero_ref.oracle import Oracle
 
 FLAGS = ("--stage", "3", "--precision", "bf16", "--quantized-weights", "--quantized-gradients",
@@ -54,16 +51,14 @@ def weight_blocks(oracle: Oracle, model, precision: str, block: int) -> dict:
 
 def gradient_blocks(oracle: Oracle, model, task, step: int, world: int, zero) -> dict:
     """Every destination block of each rank's gradients at the given step, rank by rank."""
-    inputs, targets = task.batches(step)
-    params = oracle.model_parameters()
-    grads = [oracle.model_gradients(model, params, params, inputs[0, r], targets[0, r])[1]
-             for r in range(world)]  # fmt: skip
+    grads = rank_gradients(oracle, task, step, world)
     gb = oracle.gradient_blocks
     layout = build_layout(gb.units, world, gb.align)
     maxes, rmss, ranks = [], [], []
     for r, g in enumerate(grads):
         m = shard_matrix(oracle, layout, oracle.flatten(g))
-        e, rms, _ = gradient_block_errors(m, layout, zero.bucket_numel, zero.quantize_block)
+        bits = zero.quantized_gradient_bits  # the run's own qgZ bits
+        e, rms, _ = gradient_block_errors(m, layout, zero.bucket_numel, zero.quantize_block, bits)
         maxes.append(e)
         rmss.append(rms)
         ranks += [r] * e.size
@@ -88,16 +83,11 @@ def main() -> None:
     if args.steps < 0 or args.world < 1:
         p.error(f"--steps {args.steps} >= 0 and --world {args.world} >= 1 required")
     parsed = parse_args(flags, args.world)
-    run, zero = parsed.run, parsed.zero
+    zero = parsed.zero
     if not (zero.quantized_weights and zero.quantized_gradients):
         p.error("the flags must turn on both --quantized-weights and --quantized-gradients")
-    vocab, tokens = encode_corpus(load_text(run.data))
-    task = build_task(run, vocab, tokens, args.world, zero.grad_accum)
+    task, oracle, loss = trained_oracle(parsed, args.world, args.steps)
     model = task.model
-    oracle = Oracle.for_config(init_params(model, run.seed), zero, model)
-    loss = float("nan")
-    for step in range(args.steps):
-        loss = oracle.model_step(model, *task.batches(step))
     weights = weight_blocks(oracle, model, zero.precision, zero.quantize_block)
     grads = gradient_blocks(oracle, model, task, args.steps, args.world, zero)
     for what, b in (("weights", weights), ("gradients", grads)):

@@ -255,3 +255,29 @@ def test_the_loss_part_runs_seed_by_seed_and_skips_what_train_does_not_know(monk
     assert plain["final_loss"] == pytest.approx([3.0 - 0.345, 4.0 - 0.345])  # last 50 of 60
     assert plain["curve_seed"] == 0 and len(plain["curve"]) == 60 and plain["curve"][0] == 3.0
     assert qwz["spread"] == pytest.approx(1.0)
+
+
+TINY_QUANTIZED = ["--stage", "3", "--quantize-block", "16", "--d-model", "16", "--n-layer", "1"]
+TINY_QUANTIZED += ["--n-head", "2", "--context", "8"]
+
+
+@pytest.mark.parametrize(
+    "script, flags, key",
+    [
+        ("quantize_blocks.py", ["--quantized-weights", "--quantized-gradients"], "gradients"),
+        ("qgz_error.py", [], "int4"),
+    ],
+)
+def test_the_error_scripts_run_on_a_tiny_model_and_end_with_json(script, flags, key):
+    """The figures' scripts run as docs/zeropp.md gives them (scaled down): a quantization
+    error in int8 and int4 from the oracle's gradients after a step."""
+    import json
+    import subprocess
+
+    argv = [sys.executable, str(REPO / "scripts" / script), "--steps", "1", "--world", "2"]
+    done = subprocess.run(
+        [*argv, "--", *TINY_QUANTIZED, *flags], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["world"] == 2 and result["steps"] == 1 and key in result
