@@ -111,6 +111,15 @@ def qgz_hops(comm: Comm, local_size: int | str) -> QgzHops | None:
     return QgzHops(local, cross)
 
 
+def free(comms) -> None:
+    """Free the group Comms this module made (every rank calls it, once): each one's
+    progress policy stopped, its communicator freed; a freed one is skipped."""
+    for comm in comms:
+        if comm.mpi:
+            comm.progress.close()
+            comm.mpi.Free()
+
+
 class BookedAs:
     """A view of a ledger that books every call under one kind: the replica Comm's
     all-reduce runs through the Comm's plain collectives (their checks, sums and

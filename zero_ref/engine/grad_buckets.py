@@ -143,18 +143,20 @@ class GradientBuckets:
         return self.schedule.reduce_bucket(staging, out, lane)
 
     def _reduce_quantized(self, bucket: Bucket, staging: np.ndarray, out: np.ndarray, lane: int):
-        starts = self._starts(bucket)
-        row = segment_payload_bytes(bucket.shard_numel, len(starts), self.bits)
-        send, got = (b[: self.world * row].reshape(self.world, row) for b in self.wire[lane])
-        wire = QuantizedWire(send, got, self.bits)
+        starts, wire = self._wire(bucket, lane)
         return self.schedule.reduce_bucket_quantized(staging, out, starts, wire, lane)
 
     def _reduce_two_hops(self, bucket: Bucket, staging: np.ndarray, out: np.ndarray, lane: int):
+        starts, wire = self._wire(bucket, lane)
+        return self.schedule.reduce_bucket_two_hops(staging, out, starts, wire, self.hops, lane)
+
+    def _wire(self, bucket: Bucket, lane: int) -> tuple[np.ndarray, QuantizedWire]:
+        """A bucket's block starts and its QuantizedWire: the first W rows of the lane's
+        byte buffers, each a destination row's payload."""
         starts = self._starts(bucket)
         row = segment_payload_bytes(bucket.shard_numel, len(starts), self.bits)
         send, got = (b[: self.world * row].reshape(self.world, row) for b in self.wire[lane])
-        wire = QuantizedWire(send, got, self.bits)
-        return self.schedule.reduce_bucket_two_hops(staging, out, starts, wire, self.hops, lane)
+        return starts, QuantizedWire(send, got, self.bits)
 
     def _staging(self, bucket: Bucket, lane: int) -> np.ndarray:
         """The (W, columns) staging matrix of `bucket` in `lane` (row r goes to rank r):

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from zero_ref.comm.collectives import Comm
-from zero_ref.comm.groups import shard_and_replica_groups
+from zero_ref.comm.groups import free, shard_and_replica_groups
 from zero_ref.layout.buckets import bucket_columns
 
 
@@ -101,10 +101,7 @@ class ShardInGroups:
 
     def close(self) -> None:
         """Free both communicators (every rank calls it; once)."""
-        for comm in (self.replica, self.shard):
-            if comm.mpi:
-                comm.progress.close()
-                comm.mpi.Free()
+        free((self.replica, self.shard))
 
 
 def replicas_for(cfg, comm: Comm) -> ShardOverWorld | ShardInGroups:

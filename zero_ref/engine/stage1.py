@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from zero_ref.comm.collectives import Comm
-from zero_ref.comm.groups import qgz_hops_for
+from zero_ref.comm.groups import free, qgz_hops_for
 from zero_ref.engine.grad_buckets import GradientBuckets, RowsOfFullGradient, bucket_plan
 from zero_ref.engine.grad_shard import GradShardInRam
 from zero_ref.engine.init_source import InitSource
@@ -92,10 +92,7 @@ class Stage1OptimizerSharded(Stage0DataParallel):
     def close(self) -> None:
         """The base engine's close, then qgZ's hop communicators freed (every rank)."""
         super().close()
-        for comm in self.qgz_hops or ():
-            if comm.mpi:
-                comm.progress.close()
-                comm.mpi.Free()
+        free(self.qgz_hops or ())
         self.qgz_hops = None
 
     def _optimizer_numel(self) -> int:
