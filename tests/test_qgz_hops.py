@@ -102,7 +102,14 @@ def test_a_local_size_that_does_not_divide_the_ranks_names_the_allowed_ones():
     with pytest.raises(
         ValueError, match="quantized_gradient_local_size 3 does not divide.*1, 2, 4"
     ):
-        group_ranks(4, 3, "quantized_gradient_local_size")
+        group_ranks(4, 3, "quantized_gradient_local_size", ", 'host' or 'world'")
+    from mpi4py import MPI
+
+    from zero_ref.comm.collectives import Comm
+    from zero_ref.comm.groups import qgz_hops
+
+    with pytest.raises(ValueError, match=r"qgZ sums over 1: .* \(1\), 'host' or 'world'"):
+        qgz_hops(Comm(MPI.COMM_SELF), 3)  # the engine's path: what the error names
 
 
 def test_hybrid_sharding_groups_sum_in_two_hops_bitwise_the_oracle(tmp_path):

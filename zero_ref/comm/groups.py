@@ -39,20 +39,27 @@ class QgzHops(NamedTuple):
     cross: Comm
 
 
-def group_ranks(world_size: int, group_size: int, name: str = "hpz_partition_size") -> list[range]:
-    """The groups of an explicit partition size: consecutive ranks, G at a time."""
+def group_ranks(
+    world_size: int,
+    group_size: int,
+    name: str = "hpz_partition_size",
+    words: str = "or 'host'",
+    over: str = "the world size",
+) -> list[range]:
+    """The groups of an explicit partition size: consecutive ranks, G at a time. `words`
+    and `over`: the setting's other values, and what it divides, for the error."""
     if group_size < 1 or world_size % group_size:
         raise ValueError(
-            f"{name} {group_size} does not divide the world size {world_size}: "
+            f"{name} {group_size} does not divide {over} {world_size}: "
             f"allowed are the divisors of {world_size} "
             f"({', '.join(str(d) for d in range(1, world_size + 1) if world_size % d == 0)}) "
-            "or 'host'"
+            f"{words}"
         )
     return [range(g * group_size, (g + 1) * group_size) for g in range(world_size // group_size)]
 
 
 def partition_group(
-    comm: Comm, partition_size: int | str, name: str = "hpz_partition_size"
+    comm: Comm, partition_size: int | str, name: str = "hpz_partition_size", **error
 ) -> Comm:
     """The Comm of this rank's hpZ group (a collective over comm): see the module's
     docstring for who is in it. Raises, on every rank, when the size does not divide the
@@ -62,7 +69,7 @@ def partition_group(
         split = comm.mpi.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         _check_hosts_equal(comm.mpi, split.Get_size(), name)
     else:
-        group_ranks(world, int(partition_size), name)  # the check, on every rank alike
+        group_ranks(world, int(partition_size), name, **error)  # the check, on every rank
         split = comm.mpi.Split(rank // int(partition_size), rank)
     group = Comm(split, comm.reduction, comm.check_schedule, comm.arrays)
     group.ledger = comm.ledger  # one ledger; the group's gathers under HPZ_KIND
@@ -100,7 +107,8 @@ def qgz_hops(comm: Comm, local_size: int | str) -> QgzHops | None:
     name = "quantized_gradient_local_size"
     if local_size == "world":
         return None
-    local = partition_group(comm, local_size, name)
+    error = {"words": ", 'host' or 'world'", "over": "the count of ranks qgZ sums over"}
+    local = partition_group(comm, local_size, name, **error)
     if local_size == "host":
         _check_consecutive(comm.mpi, local, name, "give 'world' for one hop, or an integer size")
     if local.size in (1, comm.size):
