@@ -43,7 +43,7 @@ def group_ranks(
     world_size: int,
     group_size: int,
     name: str = "hpz_partition_size",
-    words: str = "or 'host'",
+    words: str = " or 'host'",
     over: str = "the world size",
 ) -> list[range]:
     """The groups of an explicit partition size: consecutive ranks, G at a time. `words`
@@ -52,7 +52,7 @@ def group_ranks(
         raise ValueError(
             f"{name} {group_size} does not divide {over} {world_size}: "
             f"allowed are the divisors of {world_size} "
-            f"({', '.join(str(d) for d in range(1, world_size + 1) if world_size % d == 0)}) "
+            f"({', '.join(str(d) for d in range(1, world_size + 1) if world_size % d == 0)})"
             f"{words}"
         )
     return [range(g * group_size, (g + 1) * group_size) for g in range(world_size // group_size)]
