@@ -51,8 +51,10 @@ def _set(out: ParsedConfig, key: str, value: Any) -> None:
 
 
 # DeepSpeed keys read, not built: true is reported as not implemented (no effect), false
-# asks for nothing. MiCS's hierarchical gather (deepspeed/runtime/zero/mics.py) would
-# all-gather a shard group that spans nodes in two hops; the values would not change.
+# asks for nothing. MiCS's hierarchical gather (deepspeed/runtime/zero/mics.py,
+# has_hierarchical_all_gather_groups: a param_intra_node_group and a
+# param_inter_node_shard_group) all-gathers a shard group that spans nodes in two hops;
+# the values would not change.
 ZERO_NOT_YET: tuple[str, ...] = ("mics_hierarchical_params_gather",)
 ZERO_ALWAYS_ON = (  # what zero_ref always does; false asks for something it cannot do
     "contiguous_gradients",  # buffers are always contiguous
