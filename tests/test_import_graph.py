@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("models",),  # units with hand-written backward, on NumPy or the device's module
     ("oracle",),  # what one process holding everything computes
     ("oracle_bound",),
+    ("check",),  # another framework's run against the single-rank math (no MPI, torch optional)
     ("offload",),  # ZeRO-Infinity's NVMe tier
     ("engine",),  # the stage ladder and the policies it plugs in
     ("checkpoint",),  # save, resume, reshard, consolidate
