@@ -127,7 +127,7 @@ ENGINE = (
             "(docs/zeropp.md). 1: off; an integer must divide the world size",
             str, minimum=1, cli_range=False,
             allowed="an integer >= 1 dividing the world size, or 'host'",
-            ds=(ZO + "zero_hpz_partition_size",), ds_parse=dv.integer(1),
+            ds=(ZO + "zero_hpz_partition_size",), ds_parse=dv.size_or_words("host"),
             feeds=Z + "hpz_partition_size", to_config=_hpz_to_config),
     Setting("hybrid_shard_size", "engine", "stages 1-3, hybrid sharding (FSDP's "
             "HYBRID_SHARD, DeepSpeed's MiCS): ZeRO inside groups of this many consecutive "
@@ -152,7 +152,8 @@ PRECISION = (
             feeds=Z + "grad_accum_dtype", to_config=_accum_to_config,
             default_text="the precision's"),
     Setting("communication_data_type", "precision", "dtype gradients are reduced in on the "
-            "wire", choices=PRECISIONS, ds=("communication_data_type",), ds_parse=dv.data_type,
+            "wire", choices=PRECISIONS, ds=("communication_data_type",),
+            ds_parse=dv.comm_data_type,
             feeds=Z + "communication_data_type", default_text="the gradients'"),
     Setting("loss_scale", "precision", "fp16: a static loss scale, or 0 for dynamic scaling",
             float, minimum=0, cli_range=False, ds=("fp16.loss_scale",), feeds=L + "loss_scale"),
