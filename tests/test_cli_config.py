@@ -450,3 +450,49 @@ def test_lr_schedule_validation():
 def test_betas_outside_zero_one_name_the_config_key():
     with pytest.raises(ConfigError, match=r"optimizer.params.betas\[1\] = 1.5"):
         parse_config({"optimizer": {"params": {"betas": [0.9, 1.5]}}})
+
+
+MOOT_CASES = [  # flags, the note's start or None (the setting does something there)
+    (["--overlap-comm", "--stage", "0"], "--overlap-comm (zero_optimization.overlap_comm)"),
+    (["--overlap-comm", "--stage", "1"], None),
+    (["--progress", "thread", "--stage", "2"], "--progress thread has no effect without"),
+    (["--progress", "mpich", "--stage", "3"], "--progress mpich has no effect without"),
+    (["--progress", "thread", "--stage", "2", "--overlap-comm"], None),
+    (["--progress", "test", "--stage", "2"], None),  # the default: nothing was asked
+    (["--prefetch-numel", "0", "--stage", "2", "--overlap-comm"], "--prefetch-numel 0 (zero_"),
+    (["--prefetch-numel", "9", "--stage", "3"], "--prefetch-numel 9 (zero_optimization.stage3_"),
+    (["--prefetch-numel", "0", "--stage", "3", "--overlap-comm"], None),
+    (["--max-live-numel", "1", "--stage", "2"], "--max-live-numel 1 (zero_optimization.stage3_"),
+    (["--max-live-numel", "1", "--stage", "3"], None),
+    (["--persistence-numel", "5", "--stage", "0"], "--persistence-numel 5 (zero_optimization."),
+    (["--persistence-numel", "5", "--stage", "3"], None),
+]
+
+
+@pytest.mark.parametrize("flags, note", MOOT_CASES)
+def test_a_setting_the_others_make_moot_says_so(flags, note):
+    notes = [n for n in parse_args(["--model", "mlp", *flags], 2).notes if "no effect" in n]
+    if note is None:
+        assert notes == []
+    else:
+        assert len(notes) == 1 and notes[0].startswith(f"config: {note}"), notes
+
+
+def test_a_moot_key_says_so_as_its_flag_does(tmp_path):
+    cfg = {"zero_optimization": {"stage": 1, "stage3_max_live_parameters": 5}}
+    from_key = parse_args(["--config", write(tmp_path, cfg)], 2).notes
+    from_flags = parse_args(["--stage", "1", "--max-live-numel", "5"], 2).notes
+    assert [n for n in from_key if "no effect" in n] == [n for n in from_flags if "no effect" in n]
+    assert any("stage3_max_live_parameters) has no effect below stage 3" in n for n in from_key)
+
+
+def test_the_live_budget_is_checked_only_at_stage_3():
+    """stage3_max_live_parameters at stage 1 was refused as below "what stage 3 must hold"."""
+    from zero_ref.config import ZeroConfig
+    from zero_ref.memory_formulas import overlap_buffers
+
+    for stage in (0, 1, 2):
+        overlap_buffers([100, 300], ZeroConfig(stage=stage, max_live_numel=5))
+    overlap_buffers([100, 300], ZeroConfig(stage=3, max_live_numel=300))
+    with pytest.raises(ValueError, match="max_live_numel=299 .* allowed: >= 300"):
+        overlap_buffers([100, 300], ZeroConfig(stage=3, max_live_numel=299))
