@@ -136,8 +136,14 @@ def flags_page() -> str:
         "",
         "## DeepSpeed keys that set nothing",
         "",
-        "Accepted and reported by name, never silently ignored; any other key gets "
-        "the unknown-key warning, and a wrong value is an error naming the key.",
+        "Accepted and reported by name, never silently ignored. Any other key gets "
+        "the unknown-key warning naming the nearest known key (past five unknown keys, "
+        "one line counts the rest), except a near miss of a ZeRO key (within two edits "
+        "of a `zero_optimization` key, or of that name): that is an error naming the key "
+        "meant (`zero_ref/app/ds_unknown.py`). A key given twice in one object is an "
+        "error, as in DeepSpeed; a wrong value is an error naming the key. A setting the "
+        "others make moot (`--overlap-comm` at stage 0, `--progress` without it, the "
+        "`stage3_*` keys below stage 3) says so (`zero_ref/app/cli_notes.py`).",
         "",
         _keys_line(
             "not implemented yet (reported when they ask for something)",

@@ -17,12 +17,14 @@ import sys
 import tempfile
 import time
 import traceback
+from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
 
 from zero_ref.app.resume import restore
 from zero_ref.checkpoint.reader import Checkpoint
+from zero_ref.checkpoint.space import check_save_space
 from zero_ref.checkpoint.writer import save_checkpoint
 from zero_ref.comm.choose import comm_for
 from zero_ref.config import AdamWConfig, ZeroConfig
@@ -132,7 +134,10 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
             steps[-1]["oracle_loss_scale"] = oracle_scale
             print(f"STEP {step + 1}", flush=True)
     state = consolidated_optimizer_state(engine)
+    save_need = None  # the bytes zero_ref/checkpoint/space.py says the save takes
     if case.get("save_to"):
+        Path(case["save_to"]).mkdir(parents=True, exist_ok=True)
+        save_need = check_save_space(engine, case["save_to"], first + case["steps"], {"case": case})
         save_checkpoint(engine, case["save_to"], first + case["steps"], {"case": case})
     held = engine.memory.bytes_by_category()
     on_disk = engine.memory.disk_bytes_by_category()
@@ -155,6 +160,7 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
         "formula": formula,
         "peak_params": engine.memory.peak_by_category["params"],
         "case_id": case.get("case_id"),  # which case this answers (tests/mpi_pool.py)
+        "save_need": save_need,
         "ledger": comm.ledger.history,
         "full_numel": engine.layout.full_numel,
         "element_bytes": dataclasses.asdict(sizes),

@@ -25,6 +25,7 @@ from zero_ref.app.cli import UsageError, parse_args
 from zero_ref.app.failure import FailureGuard, step_started
 from zero_ref.app.output_paths import check_output_paths
 from zero_ref.checkpoint.reader import Checkpoint
+from zero_ref.checkpoint.space import run_peak, save_steps
 from zero_ref.engine.memory import MemoryLedger  # before offload.nvme: engine imports it
 from zero_ref.offload.nvme import (
     NvmeStore,
@@ -168,18 +169,40 @@ def test_a_save_folder_too_small_is_refused_before_the_first_step(tmp_path):
         assert list((small / "ckpt").iterdir()) == []
 
 
-def test_a_save_that_no_longer_fits_stops_the_run_and_keeps_the_last_checkpoint(tmp_path):
-    """Room for one save (about 130 KiB at 2 ranks of this model), not two."""
+def test_a_run_whose_saves_do_not_fit_together_is_refused_before_the_first_step(tmp_path):
+    """Room for one save (about 130 KiB at 2 ranks of this model), not two: the second
+    save is written while the first is still there (--keep-last prunes only after it
+    is published). This used to pass the first check and fail at step 2, its steps
+    lost; the same run fits where two saves do (the third replaces the first)."""
+    flags = ["--steps", "3", "--save-every", "1", "--keep-last", "1"]
     with small_tmpfs(tmp_path / "small", "200k") as small:
-        ckpt = small / "ckpt"
-        flags = ["--steps", "3", "--save-every", "1", "--save-dir", str(ckpt)]
-        job = train(2, *GPT, *QUIET, *flags)
-        assert job.returncode == 1, job.stderr[-2000:]
-        assert "every rank stopped at step 2: SaveSpaceError" in job.stderr, job.stderr
-        assert "Traceback" not in job.stderr
-        assert (ckpt / "latest").read_text().strip() == "step_000001"
-        assert sorted(p.name for p in ckpt.iterdir()) == ["latest", "step_000001"]
-        assert Checkpoint(ckpt).verify(range(2)) == []
+        job = train(2, *GPT, *QUIET, *flags, "--save-dir", str(small / "ckpt"))
+        assert job.returncode == 2, job.stderr[-2000:]
+        assert job.stderr.count(ERROR) == 1 and "Traceback" not in job.stderr, job.stderr
+        assert "this run's 3 checkpoint(s) (--keep-last 1) need" in job.stderr, job.stderr
+        assert "bytes more than there is: the one after step 2 is written while 1 older" in (
+            job.stderr
+        )
+        assert list((small / "ckpt").iterdir()) == []
+    with small_tmpfs(tmp_path / "room", "320k") as room:
+        job = train(2, *GPT, *QUIET, *flags, "--save-dir", str(room / "ckpt"))
+        assert job.returncode == 0, job.stderr[-2000:]
+        assert sorted(p.name for p in (room / "ckpt").iterdir()) == ["latest", "step_000003"]
+
+
+def test_every_ranks_file_counts_in_the_room_a_save_needs(mpi_pools, tmp_path):
+    """At 2 and 3 ranks the save's bytes on disk (every rank's file, the manifest and
+    `latest`) are what the check asked for, to within a block."""
+    from tests.test_parity import MLP, pinned, run
+
+    block = os.statvfs(tmp_path).f_frsize
+    for world in (2, 3):
+        folder = tmp_path / f"w{world}"
+        result = run(mpi_pools, pinned(MLP, world=world, steps=1, lrs=[None], save_to=str(folder)))
+        files = list(folder.rglob("*.safetensors"))
+        assert len(files) == world
+        taken = sum(p.stat().st_blocks * 512 for p in folder.rglob("*"))
+        assert taken <= result["save_need"] <= taken + block
 
 
 def test_the_space_a_save_needs_covers_what_it_writes(tmp_path):
@@ -199,11 +222,68 @@ def test_the_space_a_save_needs_covers_what_it_writes(tmp_path):
     check_save_space(engine, tmp_path, 7, training, free_bytes=lambda _: need)
     with pytest.raises(SaveSpaceError, match=f"{need - 1:,} bytes free, .* needs {need:,}"):
         check_save_space(engine, tmp_path, 7, training, free_bytes=lambda _: need - 1)
-    # what a killed save left is removed by the next one first: it counts as free
-    leftover = tmp_path / "ckpt" / ".step_000008.partial"
-    leftover.mkdir()
-    (leftover / "rank_00000.safetensors").write_bytes(b"\1" * 3 * block)
-    check_save_space(engine, tmp_path / "ckpt", 7, training, free_bytes=lambda _: need - block)
+    # what a killed save or prune left is removed by the next save first: it counts as
+    # free, and nothing else does
+    for name in (".step_000008.partial", ".step_000002.pruned", ".step_000009.other"):
+        leftover = tmp_path / "ckpt" / name
+        leftover.mkdir()
+        (leftover / "rank_00000.safetensors").write_bytes(b"\1" * block)
+    short = lambda _: need - 2 * block  # noqa: E731 (the two leftovers make up for it)
+    check_save_space(engine, tmp_path / "ckpt", 7, training, free_bytes=short)
+    shorter = lambda _: need - 3 * block  # noqa: E731 (the third one is no save's)
+    with pytest.raises(SaveSpaceError):
+        check_save_space(engine, tmp_path / "ckpt", 7, training, free_bytes=shorter)
+    engine.close()
+
+
+@pytest.mark.parametrize(
+    "first, last, every, steps",
+    [(0, 3, 1, [1, 2, 3]), (0, 5, 2, [2, 4, 5]), (2, 6, 4, [4, 6]), (0, 4, None, [4])]
+    + [(3, 3, 1, []), (4, 8, 4, [8]), (0, 1, 1, [1]), (0, 1, 5, [1])],
+)
+def test_the_steps_a_run_saves_after(first, last, every, steps):
+    assert save_steps(first, last, every) == steps
+
+
+@pytest.mark.parametrize(
+    "steps, on_disk, keep_last, peak",
+    [
+        ([1, 2, 3], {}, None, (30, 3, 2)),  # every save stays
+        ([1, 2, 3], {}, 1, (20, 2, 1)),  # the second is written beside the first
+        ([1, 2, 3], {}, 2, (30, 3, 2)),
+        ([1, 2, 3], {}, 3, (30, 3, 2)),
+        ([1], {}, 1, (10, 1, 0)),
+        ([6, 7], {5: 10}, 1, (10, 6, 1)),  # a resume: the old tag is pruned after step 6
+        ([6, 7], {5: 10, 4: 10}, 2, (10, 6, 2)),
+        ([6, 7], {6: 10}, None, (10, 6, 0)),  # step 6 saved again: replaced once published
+        ([6, 8], {7: 25}, 2, (20, 8, 2)),  # a later tag is kept once the run passes it
+        ([6, 8], {7: 25}, 1, (20, 8, 2)),  # (pruned only after step 8's save)
+        ([6, 8, 10], {7: 25}, 1, (20, 8, 2)),
+    ],
+)
+def test_the_room_a_run_needs_is_its_saves_on_disk_at_once(steps, on_disk, keep_last, peak):
+    assert tuple(run_peak(steps, 10, on_disk, keep_last)) == peak
+
+
+def test_the_whole_run_check_names_the_missing_room(tmp_path):
+    from zero_ref.checkpoint.space import SaveSpaceError, check_run_space, save_bytes
+
+    engine = tiny_engine()
+    block = os.statvfs(tmp_path).f_frsize
+    one = save_bytes(engine, 9, {}, block)
+    (tmp_path / "step_000001").mkdir()  # an older checkpoint of 2 blocks: kept beside
+    (tmp_path / "step_000001" / "rank_00000.safetensors").write_bytes(b"\1" * 2 * block)
+    steps, need = [3, 6, 9], 2 * one - 2 * block  # step 1's tag is pruned after step 3's
+    peak = check_run_space(engine, tmp_path, steps, 1, {}, free_bytes=lambda _: need)
+    assert tuple(peak) == (need, 6, 1)
+    with pytest.raises(SaveSpaceError) as refused:
+        check_run_space(engine, tmp_path, steps, 1, {}, free_bytes=lambda _: need - 5)
+    message = str(refused.value)
+    assert f"{need - 5:,} bytes free, but this run's 3 checkpoint(s) (--keep-last 1)" in message
+    assert f"need {need:,} at once, 5 bytes more than there is" in message
+    assert "the one after step 6 is written while 1 older one(s) are still on disk" in message
+    with pytest.raises(SaveSpaceError, match="3 checkpoint.s. .all of them. need"):
+        check_run_space(engine, tmp_path, steps, None, {}, free_bytes=lambda _: 3 * one - 1)
     engine.close()
 
 

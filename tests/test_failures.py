@@ -583,6 +583,87 @@ def test_guard_exit_codes_and_who_prints(capfd):
         raise FileNotFoundError("only here")  # before training, but the others never came
 
 
+def interrupted_job(sig: signal.Signals, world: int = 3) -> subprocess.CompletedProcess:
+    """tests/interrupt_job.py under mpirun, sent `sig` once its second step is out (to
+    mpirun, which passes it on to every rank, as a terminal's Ctrl-C or a scheduler's
+    SIGTERM does)."""
+    job = subprocess.Popen(
+        mpirun_command(world, str(REPO / "tests" / "interrupt_job.py")),
+        cwd=REPO,
+        env=mpi_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        for line in job.stdout:
+            if line.startswith("step 2"):
+                break
+        job.send_signal(sig)
+        out, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(job.args, job.returncode, out, err)
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupt_prints_one_line_from_rank_0_every_time(sig, code):
+    """It used to come in 2 of 5 SIGINTs (another rank's abort ended rank 0 first, or
+    rank 0 sat in an all-reduce where Python runs no handler) and never for SIGTERM.
+    Here rank 0 is inside MPI when the signal comes, every time."""
+    for _ in range(3):
+        done = interrupted_job(sig)
+        lines = re.findall(r"interrupt_job: interrupted at step (\d+) \((\w+)\)", done.stderr)
+        assert done.returncode == code, done.stderr
+        assert len(lines) == 1 and lines[0][1] == sig.name, done.stderr
+        assert "rank 0 in comm 0" in done.stderr, done.stderr  # MPICH names who aborted
+        assert "Traceback" not in done.stderr
+
+
+class StandInMPI:
+    """What zero_ref.comm.progress asks MPI about its library and thread level."""
+
+    THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = range(4)
+
+    def __init__(self, library: str, level: int) -> None:
+        self.library, self.level = library, level
+
+    def Get_library_version(self) -> str:  # noqa: N802 (mpi4py's names)
+        return self.library
+
+    def Query_thread(self) -> int:  # noqa: N802
+        return self.level
+
+
+@pytest.mark.parametrize(
+    "mode, library, level, env, message",
+    [
+        ("thread", "MPICH Version: 4.2", 0, "1", "needs MPI_THREAD_MULTIPLE, but MPI was"),
+        ("mpich", "MPICH Version: 4.2", 2, "1", "initialised with MPI_THREAD_SERIALIZED"),
+        ("mpich", "Open MPI v5.0.3", 3, "1", "but this MPI is not MPICH: Open MPI v5.0.3"),
+        ("mpich", "MPICH Version: 4.2", 3, "0", "MPIR_CVAR_ASYNC_PROGRESS=1 is in every"),
+    ],
+)
+def test_a_progress_mode_this_mpi_cannot_run_is_bad_input(
+    monkeypatch, capfd, mode, library, level, env, message
+):
+    """Every refusal of zero_ref.comm.progress is one line and exit 2 before training
+    (--progress mpich without its variable used to print a traceback, exit 1)."""
+    from zero_ref.comm import progress
+
+    monkeypatch.setattr(progress, "MPI", StandInMPI(library, level))
+    for var in progress.ASYNC_VARS:
+        monkeypatch.setenv(var, env)
+    with FailureGuard(FakeComm(0, True), "prog") as guard:
+        progress.progress_for(mode)
+    err = capfd.readouterr().err
+    assert guard.exit_code == 2, err
+    assert err.startswith(f"prog: error: progress mode {mode!r}") and message in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
 def test_a_failing_rank_waits_until_its_message_has_left_the_pipe(tmp_path):
     """Issue 14: the abort must not overtake the message. The guard waits until the
     launcher's end of the pipe has read every byte (FIONREAD 0), with a deadline for a

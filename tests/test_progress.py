@@ -18,6 +18,7 @@ from tests.mpi_pool import REPO, mpi_env, run_mpi_checks
 from zero_ref.comm.progress import (
     ASYNC_VARS,
     PROGRESS_MODES,
+    ProgressSetupError,
     ThreadProgress,
     mpich_async_requested,
     progress_for,
@@ -105,7 +106,7 @@ def test_mpich_refuses_without_its_variable(monkeypatch):
     for var in ASYNC_VARS:
         monkeypatch.delenv(var, raising=False)
     assert not mpich_async_requested()
-    with pytest.raises(RuntimeError, match="-genv MPIR_CVAR_ASYNC_PROGRESS 1"):
+    with pytest.raises(ProgressSetupError, match="-genv MPIR_CVAR_ASYNC_PROGRESS 1"):
         progress_for("mpich", MPI.COMM_SELF)
 
 
@@ -137,7 +138,7 @@ def test_thread_mode_refuses_without_thread_multiple():
     )
     done = single_threaded_python(code)
     assert done.returncode != 0, done.stdout + done.stderr
-    assert "RuntimeError" in done.stderr, done.stderr
+    assert "ProgressSetupError" in done.stderr, done.stderr
     assert "needs MPI_THREAD_MULTIPLE" in done.stderr, done.stderr
     assert "MPI_THREAD_SINGLE" in done.stderr, done.stderr
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
+import math
+import re
 import sys
 from dataclasses import MISSING, fields
 from pathlib import Path
@@ -206,3 +209,123 @@ def test_an_edited_or_missing_flag_table_is_caught():
     assert fixed.startswith("x\n<!-- flags: precision -->\n") and fixed.endswith("-->\ny")
     with pytest.raises(ValueError, match="no group"):
         flag_tables.rewrite_marked("<!-- flags: nothing -->\n<!-- /flags -->")
+
+
+# ---- every range at both ends, from the table: a new numeric setting is covered as it is
+# added (a range that needs other settings around it names them in RANGE_CONTEXT)
+
+NUMERIC = [s for s in SETTINGS if s.type in (int, float) and s.minimum is not None]
+BOUNDING = {"steps": 40, "lr": 0.5}  # what a setting bounding another is set to
+RANGE_CONTEXT = {
+    "save_every": ["--save-dir", "ckpt"],
+    "keep_last": ["--save-dir", "ckpt"],
+    "lr": ["--min-lr", "0"],  # the schedule's floor must stay below the peak (gpt: 3e-4)
+}
+
+
+def _step(s: Setting, value, up: bool):
+    if s.type is int:
+        return value + (1 if up else -1)
+    return math.nextafter(float(value), math.inf if up else -math.inf)
+
+
+def range_ends(s: Setting) -> list[tuple[object, bool, object]]:
+    """(value, accepted, the bound a refusal must name) at each end of s's range and one
+    step beyond it."""
+    low = s.minimum
+    ends = [(_step(s, low, True), True, low), (low, False, low)] if s.minimum_open else [
+        (low, True, low), (_step(s, low, False), False, low)
+    ]  # fmt: skip
+    if s.maximum is not None:
+        high = BOUNDING[s.maximum] if isinstance(s.maximum, str) else s.maximum
+        ends += [(high, True, high), (_step(s, high, True), False, high)]
+    return ends
+
+
+def _context(s: Setting) -> list[str]:
+    bounds = [f"--{k}" for k in BOUNDING if s.maximum == k]
+    return RANGE_CONTEXT.get(s.dest, []) + [a for b in bounds for a in (b, str(BOUNDING[b[2:]]))]
+
+
+def _names(message: str, bound) -> bool:
+    """Does the message name the bound (0 or 0.0, 127, lr=0.5), not just the value?"""
+    number = re.escape(str(bound)) + (r"(\.0)?" if float(bound).is_integer() else "")
+    return re.search(rf"(?<![\d.e-]){number}(?![\d])", message) is not None
+
+
+def _fed(parsed, s: Setting):
+    cls, name = s.feeds.split(".")
+    owner = {
+        "RunConfig": parsed.run,
+        "ZeroConfig": parsed.zero,
+        "AdamWConfig": parsed.zero.optimizer,
+        "LossScaleConfig": parsed.zero.loss_scale,
+        "LRSchedule": parsed.run.lr_schedule,
+    }[cls]
+    return getattr(owner, name)
+
+
+def _expect(s: Setting, accepted: bool, bound, parse):
+    if accepted:
+        return parse()
+    with pytest.raises(ValueError) as refused:
+        parse()
+    assert _names(str(refused.value), bound), f"{s.dest}: {refused.value}"
+    return None
+
+
+@pytest.mark.parametrize("s", [s for s in NUMERIC if s.flag], ids=lambda s: s.dest)
+def test_every_flag_range_holds_at_both_ends(s: Setting, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for value, accepted, bound in range_ends(s):
+        argv = [*_context(s), f"{s.option}={value!r}"]  # "=": argparse reads -1 as a flag
+        parsed = _expect(s, accepted, bound, lambda argv=argv: parse_args(argv, world_size=1))
+        if parsed is not None and s.feeds:
+            expected = s.to_config(value, {}) if s.to_config else value
+            assert _fed(parsed, s) == expected, (s.dest, value)
+
+
+@pytest.mark.parametrize(
+    "s, key", [(s, k) for s in NUMERIC for k in s.ds], ids=lambda x: getattr(x, "dest", x)
+)
+def test_every_deepspeed_key_range_holds_at_both_ends(s: Setting, key: str, tmp_path):
+    """stage3_prefetch_bucket_size: 0 was refused while --prefetch-numel 0 was allowed."""
+    for i, (value, accepted, bound) in enumerate(range_ends(s)):
+        path = tmp_path / f"ds{i}.json"
+        path.write_text(json.dumps(_nested(key, value)))
+        argv = [*_context(s), "--config", str(path)]
+        parsed = _expect(s, accepted, bound, lambda argv=argv: parse_args(argv, world_size=1))
+        if parsed is not None and s.feeds:
+            expected = s.to_config(value, {}) if s.to_config else value
+            assert _fed(parsed, s) == expected, (key, value)
+
+
+LIBRARY_BASE = {"LRSchedule": {"lr": BOUNDING["lr"], "total_steps": BOUNDING["steps"]}}
+
+
+@pytest.mark.parametrize(
+    "s", [s for s in NUMERIC if s.feeds and s.feeds.split(".")[0] in LIBRARY_CONFIGS],
+    ids=lambda s: s.dest,
+)  # fmt: skip
+def test_every_library_range_holds_at_both_ends(s: Setting):
+    """ZeroConfig, AdamWConfig, LossScaleConfig and LRSchedule themselves, as a user of the
+    library (or of the oracle) builds them: initial_scale_power=127 must be allowed by
+    a check whose message allows [0, 127]."""
+    cls_name, name = s.feeds.split(".")
+    cls = LIBRARY_CONFIGS[cls_name]
+    for value, accepted, bound in range_ends(s):
+        given = s.to_config(value, {}) if s.to_config else value
+        kwargs = {**LIBRARY_BASE.get(cls_name, {}), name: given}
+        made = _expect(s, accepted, bound, lambda kwargs=kwargs: cls(**kwargs))
+        assert made is None or getattr(made, name) == given
+
+
+def test_the_range_ends_cover_both_kinds_of_bound():
+    """The generator itself: an open minimum, a fixed maximum and one set by another
+    setting each give their two ends."""
+    ends = {s.dest: range_ends(s) for s in NUMERIC}
+    assert ends["initial_scale_power"] == [(0, True, 0), (-1, False, 0), (127, True, 127),
+                                           (128, False, 127)]  # fmt: skip
+    assert ends["min_loss_scale"][:2] == [(5e-324, True, 0), (0, False, 0)]
+    assert ends["stop_at_step"][2:] == [(40, True, 40), (41, False, 40)]
+    assert ends["prefetch_numel"] == [(0, True, 0), (-1, False, 0)]

@@ -185,9 +185,9 @@ def overlap_buffers(
     """The OverlapBuffers a ZeroConfig asks for (its overlap_comm, prefetch_numel,
     max_live_numel, persistence_numel), for these padded unit sizes; hpz_group: hpZ's
     partition group size (hpz_group_of), None without hpZ."""
+    live = cfg.max_live_numel if getattr(cfg, "stage", 3) == 3 else None  # moot below 3
     plan = prefetch_plan(
-        unit_numels, cfg.overlap_comm, cfg.prefetch_numel, cfg.max_live_numel,
-        cfg.persistence_numel,
+        unit_numels, cfg.overlap_comm, cfg.prefetch_numel, live, cfg.persistence_numel,
     )  # fmt: skip
     block = cfg.quantize_block if getattr(cfg, "quantized_weights", False) else None
     grad_block = cfg.quantize_block if getattr(cfg, "quantized_gradients", False) else None

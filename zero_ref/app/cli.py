@@ -12,7 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from zero_ref.app.cli_flags import DEFAULTS, MODEL_DEFAULTS, UsageError, build_parser
-from zero_ref.app.ds_config import ParsedConfig, load_config
+from zero_ref.app.cli_notes import moot_notes
+from zero_ref.app.ds_config import ParsedConfig, known_keys, load_config
+from zero_ref.app.ds_unknown import unknown_key_notes
 from zero_ref.app.setting import fed
 from zero_ref.app.settings import SETTINGS
 from zero_ref.config import AdamWConfig, ZeroConfig
@@ -82,8 +84,9 @@ def parse_args(argv: Sequence[str] | None, world_size: int = 1, rank: int = 0) -
         f"config: warning: {k} is accepted but not implemented yet; it has no effect"
         for k in file.not_implemented
     ]
-    notes += [f"config: warning: unknown key {k} (ignored)" for k in file.unknown]
+    notes += unknown_key_notes(file.unknown, known_keys())
     notes += [f"config: {k} is accepted, no effect here" for k in file.no_effect]
+    notes += moot_notes(s)
     return Parsed(run, zero, tuple(notes))
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zero_ref.app.ds_unknown import refuse_near_misses
 from zero_ref.app.ds_values import ConfigError
 from zero_ref.app.ds_values import boolean as _bool
 from zero_ref.app.ds_values import integer as _integer
@@ -94,13 +95,31 @@ ZERO_NO_EFFECT = (
 def load_config(path: str | Path) -> ParsedConfig:
     """Read and map a DeepSpeed-style JSON file."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"--config {path}: is a folder, not a JSON file")
     if not path.is_file():
         raise FileNotFoundError(f"--config {path}: no such file")
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_refuse_duplicates)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"--config {path}: not valid JSON ({e})") from e
+    except RecursionError:
+        raise ConfigError(
+            f"--config {path}: nested too deeply for Python's JSON reader (a DeepSpeed "
+            "config is a few levels deep)"
+        ) from None
     return parse_config(_section("<top level>", raw))
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+    """One JSON object; a key written twice is an error, not "the last one wins"
+    (DeepSpeed's dict_raise_error_on_duplicate_keys, deepspeed/runtime/config_utils.py)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ConfigError(f"config key {key!r} is given twice in one object: keep one")
+        out[key] = value
+    return out
 
 
 def parse_config(raw: dict) -> ParsedConfig:
@@ -127,7 +146,28 @@ def parse_config(raw: dict) -> ParsedConfig:
             out.no_effect.append(key)
         else:
             out.unknown.append(key)
+    refuse_near_misses(out.unknown, known_keys())
     return out
+
+
+def known_keys() -> frozenset[str]:
+    """Every dotted key this reader knows (reads, reports or accepts): what an unknown
+    key is compared with (zero_ref.app.ds_unknown)."""
+    zo, offload = "zero_optimization.", ("offload_optimizer", "offload_param")
+    names = {*DS_KEYS, *NO_EFFECT, "optimizer.type", "optimizer.params.adam_w_mode"}
+    names |= {"prescale_gradients", "zero_optimization.offload_param.buffer_count"}
+    names |= {zo + k for k in (*offload, *ZERO_NOT_YET, *ZERO_ALWAYS_ON, *ZERO_NO_EFFECT)}
+    names |= {"zero_optimization.offload_param.max_in_cpu"}
+    for block in offload:
+        names |= {f"{zo}{block}.{k}" for k in (*OFFLOAD_NO_EFFECT, "buffer_size", "device")}
+    for block in ("fp16", "bf16", "bfloat16"):
+        names |= {f"{block}.{k}" for k in (*PRECISION_NO_EFFECT, "enabled")}
+    names |= {"fp16.fp16_master_weights_and_grads", "bf16.fp16_master_weights_and_grads"}
+    names |= {f"checkpoint.{k}" for k in CHECKPOINT_KEYS}
+    return frozenset(names)
+
+
+CHECKPOINT_KEYS = ("tag_validation", "load_universal", "use_node_local_storage", "parallel_write")
 
 
 def _checkpoint(section: dict, out: ParsedConfig) -> None:

@@ -120,17 +120,54 @@ def folder(key: str, v: Any) -> str:
     return v
 
 
-DATA_TYPES = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "float32": "fp32"}
-DATA_TYPES |= {"float16": "fp16", "bfloat16": "bf16", "half": "fp16", "float": "fp32"}
+# DeepSpeed's names for a dtype (deepspeed/runtime/config.py, DtypeEnum, ~lines 101-107:
+# each member's values, matched exactly); int8 is no gradient dtype here.
+DATA_TYPES = {
+    **dict.fromkeys(("torch.float16", "fp16", "float16", "half"), "fp16"),
+    **dict.fromkeys(("torch.float32", "fp32", "float32", "float"), "fp32"),
+    **dict.fromkeys(("torch.bfloat16", "bf16", "bfloat16"), "bf16"),
+}
+# communication_data_type has its own reader there (get_communication_data_type, ~lines
+# 209-223): the value lower-cased, then only these three.
+COMM_DATA_TYPES = ("fp32", "fp16", "bf16")
 
 
 def data_type(key: str, v: Any) -> str | None:
-    """A dtype by any of DeepSpeed's names; null asks for the default."""
+    """data_types.grad_accum_dtype: a dtype by any of DeepSpeed's DtypeEnum names; null
+    asks for the default."""
     if v is None:
         return None
-    if not isinstance(v, str) or v.lower() not in DATA_TYPES:
-        raise ConfigError(f"config {key} = {v!r}: allowed 'fp32', 'fp16', 'bf16'")
-    return DATA_TYPES[v.lower()]
+    if not isinstance(v, str) or v not in DATA_TYPES:
+        names = ", ".join(repr(n) for n in DATA_TYPES)
+        raise ConfigError(f"config {key} = {v!r}: allowed are DeepSpeed's dtype names {names}")
+    return DATA_TYPES[v]
+
+
+def comm_data_type(key: str, v: Any) -> str | None:
+    """communication_data_type: 'fp32', 'fp16' or 'bf16' in any case, as DeepSpeed reads
+    it (not its other dtype names: DeepSpeed refuses "half" here); null: the gradients'."""
+    if v is None:
+        return None
+    if not isinstance(v, str) or v.lower() not in COMM_DATA_TYPES:
+        raise ConfigError(
+            f"config {key} = {v!r}: allowed are 'fp32', 'fp16', 'bf16' (any case; DeepSpeed "
+            "reads no other name for this key)"
+        )
+    return v.lower()
+
+
+def size_or_words(*words: str) -> Parser:
+    """A group size: an integer >= 1 or one of `words` ('host'), as the flag takes it."""
+
+    def check(key: str, v: Any) -> int | str:
+        if v in words and isinstance(v, str):
+            return v
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            names = " or ".join(repr(w) for w in words)
+            raise ConfigError(f"config {key} = {v!r}: must be an integer >= 1 or {names}")
+        return v
+
+    return check
 
 
 def enabled_precision(key: str, v: Any) -> str | None:

@@ -13,6 +13,8 @@ mpirun. FailureGuard wraps each rank's whole job so that never happens:
   (a schedule mismatch, a NaN gradient). The guard first makes sure every rank
   really did fail, with a barrier on its own communicator and a deadline; if a
   rank is missing it aborts instead.
+* Ctrl-C (SIGINT) and SIGTERM, which mpirun passes to every rank, end the job with
+  one line, rank 0's, then an abort (zero_ref/app/interrupts.py).
 * SystemExit passes through (argparse's --help and usage errors).
 * A full disk (ENOSPC, EDQUOT, anywhere in the error's causes) is the machine's
   state, not a bug: its line (which names the file and the bytes) comes without
@@ -30,6 +32,7 @@ import array
 import errno
 import fcntl
 import os
+import signal
 import stat
 import sys
 import termios
@@ -37,6 +40,7 @@ import time
 import traceback
 from typing import NoReturn
 
+from zero_ref.app.interrupts import InterruptWatch
 from zero_ref.errors import CollectiveError
 
 INPUT_ERRORS = (ValueError, FileNotFoundError)  # bad flags, configs, files: no traceback
@@ -88,19 +92,21 @@ class FailureGuard:
         # Its own communicator: the guard's barrier can never pair with a job collective.
         self.agree_comm = mpi_comm.Dup()
         self.exit_code = 0
+        self.interrupts = InterruptWatch(self.rank, self._say_interrupted, self._abort)
 
     def __enter__(self) -> FailureGuard:
         _here.step = None
+        self.interrupts.start()
         return self
 
     def __exit__(self, kind, error, tb) -> bool:
+        if not isinstance(error, KeyboardInterrupt):
+            self.interrupts.close()
         if error is None or isinstance(error, (SystemExit, GeneratorExit)):
             return False
         step = _here.step
         if isinstance(error, KeyboardInterrupt):  # Ctrl-C: mpirun passes it to every rank
-            if self.rank == 0:
-                print(f"{self.prog}: interrupted {_where(step)}", file=sys.stderr, flush=True)
-            self._abort(130)
+            self.interrupts.handle(signal.SIGINT)
         together = step is None or isinstance(error, CollectiveError)
         if together and self._every_rank_failed():
             if self.rank == 0:
@@ -109,6 +115,11 @@ class FailureGuard:
             return True
         self._report_alone(error, step)
         self._abort(1)
+
+    def _say_interrupted(self, signum: signal.Signals) -> None:
+        _write_stderr(f"{self.prog}: interrupted {_where(_here.step)} ({signum.name})\n")
+        wait_until_read(2, DRAIN_TIMEOUT_S)
+        time.sleep(FORWARD_GRACE_S)
 
     def _abort(self, code: int) -> NoReturn:
         self.mpi.Abort(code)

@@ -21,7 +21,13 @@ import numpy as np
 from zero_ref.app.cli import Parsed
 from zero_ref.checkpoint.manifest import MANIFEST, CheckpointError
 from zero_ref.checkpoint.reader import Checkpoint
-from zero_ref.checkpoint.space import FreeBytes, check_save_space, disk_free_bytes
+from zero_ref.checkpoint.space import (
+    FreeBytes,
+    check_run_space,
+    check_save_space,
+    disk_free_bytes,
+    save_steps,
+)
 from zero_ref.checkpoint.writer import save_checkpoint
 from zero_ref.models.unit import Model
 from zero_ref.optim.loss_scale import LossScaleState
@@ -129,8 +135,10 @@ def announce_resume(checkpoint, parsed, world, tokens, loaded, progress, log) ->
 
 class Saver:
     """--save-dir: a checkpoint after the steps asked for (a collective). The folder's
-    room for one is checked when the saver is made, before the first step, and again
-    before each save (zero_ref/checkpoint/space.py); `free_bytes` measures it."""
+    room for the whole run's saves (those --keep-last keeps beside the one being
+    written) is checked when the saver is made, before the first step, and the room
+    for each save again before it (zero_ref/checkpoint/space.py); `free_bytes`
+    measures it."""
 
     def __init__(
         self,
@@ -148,8 +156,16 @@ class Saver:
         self.last_saved: int | None = None
         run = parsed.run
         last = min(run.steps, run.stop_at_step or run.steps)
-        if run.save_dir and last > first:  # the last save's manifest: the widest step
-            self.check_space(last)
+        if run.save_dir and last > first:
+            self.check_run_space(save_steps(first, last, run.save_every))
+
+    def check_run_space(self, steps: list[int]) -> None:
+        """SaveSpaceError on every rank if the folder cannot hold the saves after `steps`
+        that are on disk at once; the last save's manifest is the widest."""
+        training = training_record(self.parsed, steps[-1], self.engine, self.tokens)
+        run = self.parsed.run
+        folder, keep = run.save_dir, run.keep_last
+        check_run_space(self.engine, folder, steps, keep, training, self.free_bytes)
 
     def check_space(self, step: int) -> int:
         """The bytes a save after `step` needs; SaveSpaceError on every rank if the

@@ -58,6 +58,8 @@ class Setting:
 
     type        int, float, str or bool (bool: an on/off flag, `--x` turns it on)
     choices     the allowed values, or None; `minimum` the smallest allowed number
+                (`minimum_open`: only numbers above it); `maximum` the largest, a
+                number or the dest of the setting that bounds it ("steps")
     cli_range   True: the command line refuses a value below `minimum` itself
                 ("--steps 0 is not allowed: it must be >= 1"); False: the config
                 dataclass it feeds checks it, with that dataclass's message
@@ -76,6 +78,8 @@ class Setting:
     default: Any = LIBRARY
     choices: tuple | None = None
     minimum: int | float | None = None
+    minimum_open: bool = False
+    maximum: int | float | str | None = None
     cli_range: bool = True
     allowed: str | None = None
     ds: tuple[str, ...] = ()

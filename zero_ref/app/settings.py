@@ -127,7 +127,7 @@ ENGINE = (
             "(docs/zeropp.md). 1: off; an integer must divide the world size",
             str, minimum=1, cli_range=False,
             allowed="an integer >= 1 dividing the world size, or 'host'",
-            ds=(ZO + "zero_hpz_partition_size",), ds_parse=dv.integer(1),
+            ds=(ZO + "zero_hpz_partition_size",), ds_parse=dv.size_or_words("host"),
             feeds=Z + "hpz_partition_size", to_config=_hpz_to_config),
     Setting("hybrid_shard_size", "engine", "stages 1-3, hybrid sharding (FSDP's "
             "HYBRID_SHARD, DeepSpeed's MiCS): ZeRO inside groups of this many consecutive "
@@ -152,12 +152,13 @@ PRECISION = (
             feeds=Z + "grad_accum_dtype", to_config=_accum_to_config,
             default_text="the precision's"),
     Setting("communication_data_type", "precision", "dtype gradients are reduced in on the "
-            "wire", choices=PRECISIONS, ds=("communication_data_type",), ds_parse=dv.data_type,
+            "wire", choices=PRECISIONS, ds=("communication_data_type",),
+            ds_parse=dv.comm_data_type,
             feeds=Z + "communication_data_type", default_text="the gradients'"),
     Setting("loss_scale", "precision", "fp16: a static loss scale, or 0 for dynamic scaling",
             float, minimum=0, cli_range=False, ds=("fp16.loss_scale",), feeds=L + "loss_scale"),
     Setting("initial_scale_power", "precision", "fp16: dynamic scaling starts at 2^N", int,
-            minimum=0, cli_range=False, allowed="an integer in [0, 127]",
+            minimum=0, maximum=127, cli_range=False, allowed="an integer in [0, 127]",
             ds=("fp16.initial_scale_power",), feeds=L + "initial_scale_power"),
     Setting("loss_scale_window", "precision", "fp16: double the scale after this many clean "
             "steps", int, minimum=1, cli_range=False, ds=("fp16.loss_scale_window",),
@@ -170,7 +171,8 @@ PRECISION = (
             "hysteresis, so only overflows in a row halve the scale", bool,
             ds=("fp16.consecutive_hysteresis",), feeds=L + "consecutive_hysteresis", flag=False),
     Setting("min_loss_scale", "precision", "fp16: the scale never halves below this", float,
-            minimum=0, cli_range=False, allowed="a number > 0", ds=("fp16.min_loss_scale",),
+            minimum=0, minimum_open=True, cli_range=False, allowed="a number > 0",
+            ds=("fp16.min_loss_scale",),
             feeds=L + "min_loss_scale"),
 )
 OFFLOAD = (
@@ -237,15 +239,16 @@ OPTIMIZER = (
     Setting("betas", "optimizer", "AdamW's (beta1, beta2)", tuple,
             allowed="two numbers in [0, 1)", ds=("optimizer.params.betas",),
             ds_parse=dv.betas, feeds=A + "betas", flag=False),
-    Setting("eps", "optimizer", "AdamW's epsilon", float, minimum=0, cli_range=False,
+    Setting("eps", "optimizer", "AdamW's epsilon", float, minimum=0, minimum_open=True,
+            cli_range=False,
             allowed="a number > 0", ds=("optimizer.params.eps",), feeds=A + "eps", flag=False),
     Setting("lr_schedule", "optimizer", "after warmup: constant, or cosine decay to --min-lr "
             "at the last step", choices=SCHEDULES, feeds=S + "kind"),
-    Setting("warmup_steps", "optimizer", "linear warmup steps", int, minimum=0,
+    Setting("warmup_steps", "optimizer", "linear warmup steps", int, minimum=0, maximum="steps",
             allowed="an integer in [0, --steps]", feeds=S + "warmup_steps",
             default_text="5% of --steps, at most 50, for gpt; 0 for mlp"),
     Setting("min_lr", "optimizer", "final learning rate of the cosine schedule", float,
-            minimum=0, allowed="a number in [0, --lr]", feeds=S + "min_lr"),
+            minimum=0, maximum="lr", allowed="a number in [0, --lr]", feeds=S + "min_lr"),
 )
 RUN = (
     Setting("steps", "run", "optimizer steps", int, 2000, minimum=1, feeds=R + "steps"),
@@ -295,7 +298,8 @@ CHECKPOINTS = (
             "or DIR/step_000123; any world size and stage", default=None, feeds=R + "resume"),
     Setting("stop_at_step", "checkpoints", "end the run after step N (saving a checkpoint "
             "with --save-dir), keeping --steps as the schedule's length: for a run split "
-            "over several jobs", int, None, minimum=1, allowed="an integer in [1, --steps]",
+            "over several jobs", int, None, minimum=1, maximum="steps",
+            allowed="an integer in [1, --steps]",
             feeds=R + "stop_at_step"),
 )
 MODEL = (

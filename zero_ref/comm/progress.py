@@ -37,6 +37,14 @@ from typing import Protocol
 from mpi4py import MPI
 
 PROGRESS_MODES = ("test", "thread", "mpich", "none")
+
+
+class ProgressSetupError(ValueError):
+    """A progress mode this MPI library or launch cannot run (no MPI_THREAD_MULTIPLE, not
+    MPICH, no MPIR_CVAR_ASYNC_PROGRESS): bad input, found before training on every rank
+    (zero_ref/app/failure.py prints it once, exit 2), not a fault of the code."""
+
+
 DEFAULT_PROGRESS = "test"  # measured: docs/overlap_progress.md
 ASYNC_VARS = ("MPIR_CVAR_ASYNC_PROGRESS", "MPICH_ASYNC_PROGRESS")  # MPICH reads either name
 # The thread's pause between tests. On 4 ranks sharing 2 cores, where a polling thread
@@ -217,7 +225,7 @@ def require_thread_multiple(mode: str) -> None:
     }
     level = MPI.Query_thread()
     if level != MPI.THREAD_MULTIPLE:
-        raise RuntimeError(
+        raise ProgressSetupError(
             f"progress mode {mode!r} calls MPI from a second thread, which needs "
             f"MPI_THREAD_MULTIPLE, but MPI was initialised with {names.get(level, level)} "
             "(mpi4py asks for MULTIPLE unless mpi4py.rc.thread_level was changed before "
@@ -234,12 +242,12 @@ def mpich_async_requested(environ=os.environ) -> bool:
 def require_mpich_async() -> None:
     """Raise unless MPICH's progress thread was asked for at MPI_Init and can run."""
     if "MPICH" not in MPI.Get_library_version():
-        raise RuntimeError(
+        raise ProgressSetupError(
             "progress mode 'mpich' uses MPICH's progress thread, but this MPI is not MPICH: "
             + MPI.Get_library_version().splitlines()[0]
         )
     if not mpich_async_requested():
-        raise RuntimeError(
+        raise ProgressSetupError(
             "progress mode 'mpich' needs MPICH's progress thread, started only when "
             "MPIR_CVAR_ASYNC_PROGRESS=1 is in every rank's environment before MPI_Init: "
             "launch with `mpirun -genv MPIR_CVAR_ASYNC_PROGRESS 1 -n N python ...` "
