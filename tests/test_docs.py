@@ -308,3 +308,16 @@ def test_the_check_refuses_what_a_run_would(line, refused, tmp_path, monkeypatch
     with pytest.raises(BaseException) as caught:
         check_command(cmd, clone, monkeypatch, capsys)
     assert type(caught.value).__name__ == refused, caught.value
+
+
+def test_readme_names_every_flag_help_lists():
+    """README's "--help lists every flag" names each option `--help` prints, and no
+    other: a flag added to the settings table and not to the list fails here."""
+    from zero_ref.app.cli_flags import build_parser
+
+    helped = {
+        s for a in build_parser(0)._actions for s in a.option_strings if s.startswith("--")
+    } - {"--help"}
+    readme = (DOCS.parent / "README.md").read_text()
+    listed = readme.split("<!-- flags: all -->", 1)[1].split("<!-- /flags -->", 1)[0]
+    assert set(re.findall(r"`(--[a-z0-9-]+)", listed)) == helped
