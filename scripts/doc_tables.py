@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when loaded by 
 import doc_tables_memory  # noqa: E402
 import doc_tables_overlap  # noqa: E402
 import doc_tables_progress  # noqa: E402
-import doc_tables_readme  # noqa: E402
 import doc_tables_render as render  # noqa: E402
+import doc_tables_sentences  # noqa: E402
 import doc_tables_zeropp  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,7 +47,7 @@ RENDERERS = {
     **doc_tables_memory.RENDERERS,
     **doc_tables_overlap.RENDERERS,
     **doc_tables_progress.RENDERERS,
-    **doc_tables_readme.RENDERERS,
+    **doc_tables_sentences.RENDERERS,
     **doc_tables_zeropp.RENDERERS,
 }
 

@@ -321,3 +321,17 @@ def test_readme_names_every_flag_help_lists():
     readme = (DOCS.parent / "README.md").read_text()
     listed = readme.split("<!-- flags: all -->", 1)[1].split("<!-- /flags -->", 1)[0]
     assert set(re.findall(r"`(--[a-z0-9-]+)", listed)) == helped
+
+
+def test_architecture_names_only_what_the_code_defines():
+    """Every snake_case name docs/architecture.md puts in backticks (`_fill_shards`,
+    `release_unit_params`, `rank_order`) is a function, class, attribute or module of
+    zero_ref: a renamed method leaves no stale name on the map."""
+    package = DOCS.parent / "zero_ref"
+    sources = "\n".join(p.read_text() for p in package.rglob("*.py"))
+    defined = set(re.findall(r"(?:def|class)\s+(\w+)", sources))
+    defined |= set(re.findall(r"^\s*(?:self\.)?(\w+)\s*[:=]", sources, flags=re.M))
+    defined |= {p.stem for p in package.rglob("*.py")} | {p.name for p in package.iterdir()}
+    page = (DOCS / "architecture.md").read_text()
+    named = set(re.findall(r"`(_?[a-z][a-z0-9]*_[a-z0-9_]+|_[a-z][a-z0-9]*)`", page))
+    assert sorted(named - defined) == []
