@@ -144,3 +144,29 @@ def test_calls_in_flight_together_get_rows_of_their_own(scripts):
     bars = plot_trace.placed(flights, 0.0, order=False)
     rows = plot_trace.sub_rows(bars)
     assert [rows[id(e)] for e in flights] == [(0, 3), (1, 3), (2, 3), (1, 3)]
+
+
+def test_offload_timeline_lanes_are_the_threads_that_ran_the_step(scripts, offloaded_run):
+    """offload_timeline.png (scripts/bench_offload.py) draws one lane per thread that
+    ran the offloaded step: the main thread's AdamW updates and each thread of the
+    pipeline's I/O pool, which run reads and writes alike; never more I/O lanes than
+    the pool has threads, and no lane that reads only or writes only by its label."""
+    import bench_offload
+
+    from zero_ref.offload.pipeline import SWAP_LANES
+
+    trace, _ = offloaded_run
+    kind = {lane: what for what, lane in SWAP_LANES.items()}
+    events = [
+        (kind[e["cat"]], e["args"]["sub_group"], e["ts"], e["ts"] + e["dur"], e["args"]["thread"])
+        for e in json.loads(trace.read_text())["traceEvents"]
+        if e.get("pid") == 0 and e.get("cat") in kind and "sub_group" in e["args"]
+    ]  # the pipeline's events (stage 3's readahead hints share the reads' lane)
+    lanes = bench_offload.thread_lanes(events)
+    io = {t for what, *_, t in events if what != "update"}
+    main = {t for what, *_, t in events if what == "update"}
+    assert len(main) == 1 and not main & io and 1 <= len(io) <= 2
+    assert all(t.startswith("zero_ref-swap") for t in io)
+    labels = list(lanes.values())
+    assert labels[0] == "AdamW (main thread)"
+    assert labels[1:] == [f"I/O thread {k + 1}: reads, writes" for k in range(len(io))]
