@@ -92,8 +92,8 @@ def run_mode(offload: bool, a: argparse.Namespace, world: MPI.Comm) -> dict:
         out["read_bytes_per_step"] = sum(f.bytes_read for f in files) // a.steps
         out["written_bytes_per_step"] = sum(f.bytes_written for f in files) // a.steps
         out["swap_bytes"] = sum(f.nbytes for f in files)
-        pool = engine.memory.held["buffers"]["offload_pool"]  # (sets, rows, row numel)
-        out["pool_bytes"], out["pool_rows"] = int(pool.nbytes), int(pool.shape[1])
+        out["pool_bytes"] = int(engine.memory.held["buffers"]["offload_pool"].nbytes)
+        out["pool_rows"] = int(engine.offloaded.pool.shape[1])  # (sets, rows, row numel)
         out["vm_hwm_bytes"] = status_kib("VmHWM") * 1024
         out["timeline"] = swap_timeline(engine.offloaded.trace)
     out["ledger_ram_bytes"] = sum(engine.memory.bytes_by_category().values())
