@@ -48,6 +48,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from plot_run import save  # noqa: E402  (beside this script: the same axes check)
 from trace_steps import (  # noqa: E402  (which events are one step, and the waits)
     collective_waits,
+    compute_spread,
     median_spec,
     median_step,
     parse_spec,
@@ -343,7 +344,10 @@ def main() -> None:
     fig, summary = figure(specs, a.order)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     save(fig, a.out)
-    print(json.dumps({"written": str(a.out), "bytes": summary}))
+    spread = {}  # each run's forward and backward ms over its steps after the warm-up
+    for path in dict.fromkeys(parse_spec(s)[0] for s in specs):
+        spread[path.stem] = compute_spread(json.loads(path.read_text())["traceEvents"])
+    print(json.dumps({"written": str(a.out), "bytes": summary, "compute_spread": spread}))
 
 
 if __name__ == "__main__":

@@ -122,3 +122,23 @@ def collective_waits(events: list[dict], rank: int = 0) -> dict[int, float]:
         fastest = min(calls[r][j]["dur"] for r in ranks)
         waits[id(e)] = e["dur"] - fastest
     return waits
+
+
+def compute_spread(events: list[dict], rank: int = 0) -> dict[str, list[float]]:
+    """The ms of forward and of backward in each step after WARMUP_STEPS on `rank`, as
+    [least, median, most] over those steps: how much one drawn step's bars can differ
+    from another's of the same run (the noise, before any comparison between runs)."""
+    mine = rank_events(events, rank)
+    totals: dict[str, list[float]] = {"forward_ms": [], "backward_ms": []}
+    for opt, start, stop in step_bounds(mine):
+        if int(opt["name"].split()[-1]) <= WARMUP_STEPS:
+            continue
+        inside = [e for e in mine if e["cat"] == "compute" and start <= e["ts"] < stop]
+        for kind in ("forward", "backward"):
+            ms = sum(e["dur"] for e in inside if e["name"].startswith(kind)) / 1e3
+            totals[f"{kind}_ms"].append(ms)
+    return {
+        k: [round(min(v), 2), round(sorted(v)[(len(v) - 1) // 2], 2), round(max(v), 2)]
+        for k, v in totals.items()
+        if v
+    }

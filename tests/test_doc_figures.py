@@ -170,3 +170,23 @@ def test_offload_timeline_lanes_are_the_threads_that_ran_the_step(scripts, offlo
     labels = list(lanes.values())
     assert labels[0] == "AdamW (main thread)"
     assert labels[1:] == [f"I/O thread {k + 1}: reads, writes" for k in range(len(io))]
+
+
+def test_compute_spread_is_over_the_steps_after_the_warm_up(scripts):
+    """Eight steps whose forward takes 10 x step us and backward 1 us: the spread
+    counts steps 6-8 only, each with its own forward, as [least, median, most] ms."""
+    from trace_steps import compute_spread
+
+    events = []
+    for step in range(1, 9):
+        t = 1000.0 * step
+        events += [
+            _x(0, "compute", "forward embed", t, 10 * step),
+            _x(0, "compute", "backward embed", t + 200, 1),
+            _x(0, "optimizer", f"optimizer step {step}", t + 300, 10),
+            _x(0, "collectives", "loss", t + 310, 5),
+        ]
+    assert compute_spread(events) == {
+        "forward_ms": [0.06, 0.07, 0.08],
+        "backward_ms": [0.0, 0.0, 0.0],
+    }
