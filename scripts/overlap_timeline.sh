@@ -23,8 +23,11 @@ export PYTHON=$PY PYTHONUNBUFFERED=1 PATH="$(dirname "$PY"):$PATH"
 source scripts/netns_hosts.sh
 nh_available >&2 || exit 2
 P=zrt
-WORK=$(mktemp -d /tmp/zrt_timeline.XXXXXX)
-trap 'nh_cleanup $P; rm -rf "$WORK"' EXIT
+if [ -n "${KEEP_RUNS:-}" ]; then  # KEEP_RUNS=DIR: the runs' traces and logs stay there
+    WORK=$KEEP_RUNS && mkdir -p "$WORK" && trap 'nh_cleanup $P' EXIT
+else
+    WORK=$(mktemp -d /tmp/zrt_timeline.XXXXXX) && trap 'nh_cleanup $P; rm -rf "$WORK"' EXIT
+fi
 nh_make $P 10.85.0 >/dev/null
 nh_rate $P "$RATE" 1600 50ms
 JOB=(-m zero_ref.train --stage 3 --steps 30 --quiet --sample-chars 0)
