@@ -132,6 +132,7 @@ def bar_span(e: dict, row: int, subs: dict[int, tuple[int, int]]) -> tuple[float
 
 
 WAIT_HATCH = "////"  # the part of a collective's bar spent waiting for slower ranks
+FLIGHT_EDGES = {"edgecolor": "white", "linewidth": 0.8}  # calls one after another, apart
 
 
 def draw_bar(ax, e: dict, x: float, width: float, span: tuple, wait: float, **edges) -> None:
@@ -168,7 +169,8 @@ def draw(
     for e, x, width in bars:
         if e["cat"] in rows:
             span = bar_span(e, rows[e["cat"]], subs)
-            draw_bar(ax, e, x, width, span, waits.get(id(e), 0.0) / 1e3, **edges)
+            apart = FLIGHT_EDGES if e["cat"] == "in flight" and not edges else edges
+            draw_bar(ax, e, x, width, span, waits.get(id(e), 0.0) / 1e3, **apart)
             bottom, height = span
             if id(e) in waits:
                 moved["waited"]["calls"] += e["dur"] / 1e3
