@@ -13,8 +13,8 @@ peak, zero_ref's fp32 formula, the paper's mixed-precision formula, the
 estimate of zero_ref.estimate and its error against the real peak, and the
 largest model whose real peak would fit --budget-gib per rank, extrapolated
 from the measured bytes per parameter. Then it checks the targets of issue 8
-on the largest size, draws docs/img/memory_per_param.png, and prints one JSON
-line last.
+on the largest size, draws runs/memory_per_param.png (--plot docs/img/memory_per_param.png
+redraws the docs' picture on purpose), and prints one JSON line last.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from zero_ref.estimate import estimate_for, model_for
 from zero_ref.io.metrics_log import read_jsonl
 
 PHASES = ("init", "train", "finish")
-PLOT = Path(__file__).resolve().parent.parent / "docs" / "img" / "memory_per_param.png"
+PLOT = Path("runs") / "memory_per_param.png"  # scratch: the docs' copy is redrawn on purpose
 
 
 def train_flags(size: str, stage: int, a: argparse.Namespace) -> list[str]:

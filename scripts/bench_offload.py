@@ -93,6 +93,7 @@ def run_mode(offload: bool, a: argparse.Namespace, world: MPI.Comm) -> dict:
         out["written_bytes_per_step"] = sum(f.bytes_written for f in files) // a.steps
         out["swap_bytes"] = sum(f.nbytes for f in files)
         out["pool_bytes"] = int(engine.memory.held["buffers"]["offload_pool"].nbytes)
+        out["pool_rows"] = int(engine.offloaded.pool.shape[1])  # (sets, rows, row numel)
         out["vm_hwm_bytes"] = status_kib("VmHWM") * 1024
         out["timeline"] = swap_timeline(engine.offloaded.trace)
     out["ledger_ram_bytes"] = sum(engine.memory.bytes_by_category().values())
@@ -101,16 +102,22 @@ def run_mode(offload: bool, a: argparse.Namespace, world: MPI.Comm) -> dict:
     return out
 
 
-def swap_timeline(trace: Trace | None) -> list[tuple[str, int, float, float]] | None:
-    """The pipeline's events as (read/update/write, sub-group, start s, end s), in the
-    order they ended (the I/O threads record as they finish)."""
+def swap_timeline(trace: Trace | None) -> list[tuple[str, int, float, float, str]] | None:
+    """The pipeline's events as (read/update/write, sub-group, start s, end s, the thread
+    that ran it), in the order they ended (the I/O threads record as they finish)."""
     if trace is None:
         return None
     what = {lane: kind for kind, lane in SWAP_LANES.items()}
     return [
-        (what[e["cat"]], e["args"]["sub_group"], e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6)
+        (
+            what[e["cat"]],
+            e["args"]["sub_group"],
+            e["ts"] / 1e6,
+            (e["ts"] + e["dur"]) / 1e6,
+            e["args"]["thread"],
+        )
         for e in trace.events
-        if e.get("cat") in what
+        if e.get("cat") in what and "sub_group" in e.get("args", {})
     ]
 
 
@@ -178,32 +185,49 @@ def disk_time(nbytes: int, a: argparse.Namespace, world: MPI.Comm, direct: bool)
     return out
 
 
+COLORS = {"read": "tab:blue", "update": "tab:orange", "write": "tab:green"}
+
+
+def thread_lanes(events: list) -> dict[str, str]:
+    """Thread name -> its lane's label, top to bottom: the main thread (the AdamW
+    updates), then each I/O thread of the pipeline's pool, which runs reads and
+    writes alike (zero_ref/offload/pipeline.py: one ThreadPoolExecutor of two)."""
+    main = sorted({t for what, *_, t in events if what == "update"})
+    io = sorted({t for what, *_, t in events if what != "update"})
+    lanes = {t: "AdamW (main thread)" for t in main}
+    lanes.update({t: f"I/O thread {k + 1}: reads, writes" for k, t in enumerate(io)})
+    return lanes
+
+
 def draw_timeline(events: list, a: argparse.Namespace, out: Path) -> None:
-    """Rank 0's last step: one row each for reads, updates and writes, a bar per
-    sub-group, so the overlap (or the waiting) is visible."""
+    """Rank 0's last step: one lane per thread that ran it, a bar per sub-group's read,
+    update or write (colored by which), so the overlap (or the waiting) is visible."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = max(i for _, i, _, _ in events) + 1
+    groups = max(i for _, i, *_ in events) + 1
     last = events[-3 * groups :]  # the last step: a read, an update, a write per sub-group
-    t0 = min(start for _, _, start, _ in last)
-    rows = {"read": 2, "update": 1, "write": 0}
-    colors = {"read": "tab:blue", "update": "tab:orange", "write": "tab:green"}
+    t0 = min(start for _, _, start, _, _ in last)
+    lanes = thread_lanes(last)
+    rows = {t: len(lanes) - 1 - k for k, t in enumerate(lanes)}
     fig, ax = plt.subplots(figsize=(10, 2.6))
-    for what, i, start, end in last:
-        ax.broken_barh([(start - t0, end - start)], (rows[what] - 0.4, 0.8), color=colors[what])
+    for what, i, start, end, thread in last:
+        span = (rows[thread] - 0.4, 0.8)
+        ax.broken_barh([(start - t0, end - start)], span, color=COLORS[what])
         if groups <= 40:
-            ax.text((start + end) / 2 - t0, rows[what], str(i), ha="center", va="center", size=6)
-    ax.set_yticks(
-        list(rows.values()),
-        [f"{k} (I/O thread)" if k != "update" else "AdamW (main)" for k in rows],
-    )
+            ax.text((start + end) / 2 - t0, rows[thread], str(i), ha="center", va="center", size=6)
+    ax.set_yticks(list(rows.values()), list(lanes.values()))
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
+    ax.legend(handles, ["read", "AdamW update", "write"], loc="upper right", fontsize=7, ncol=3)
+    ax.set_ylim(-0.6, len(rows) - 0.4 + 0.5)  # room for the legend above the top lane
     ax.set_xlabel("seconds into the optimizer step (rank 0)")
+    io = sum(1 for label in lanes.values() if label.startswith("I/O"))
     ax.set_title(
         f"offloaded optimizer step: {groups} sub-groups of {a.sub_group_size:,} elements, "
-        f"{a.buffer_count} buffer sets ({a.precision}, stage {a.stage})"
+        f"{a.buffer_count} buffer sets, {io} I/O threads ({a.precision}, stage {a.stage})",
+        fontsize=9,
     )
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -250,6 +274,7 @@ def main() -> None:
         "buffer_count": a.buffer_count,
         "swap_bytes_per_rank": offload["swap_bytes"],
         "pool_bytes_per_rank": offload["pool_bytes"],
+        "pool_rows": offload["pool_rows"],  # master, m, v, and the gradient when on disk
         "read_bytes_per_step_per_rank": offload["read_bytes_per_step"],
         "written_bytes_per_step_per_rank": offload["written_bytes_per_step"],
         "offload_step_s": offload["step_s"],

@@ -35,6 +35,7 @@ import doc_tables_memory  # noqa: E402
 import doc_tables_overlap  # noqa: E402
 import doc_tables_progress  # noqa: E402
 import doc_tables_render as render  # noqa: E402
+import doc_tables_sentences  # noqa: E402
 import doc_tables_zeropp  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,6 +47,7 @@ RENDERERS = {
     **doc_tables_memory.RENDERERS,
     **doc_tables_overlap.RENDERERS,
     **doc_tables_progress.RENDERERS,
+    **doc_tables_sentences.RENDERERS,
     **doc_tables_zeropp.RENDERERS,
 }
 

@@ -9,6 +9,8 @@ sits between two markers naming the group (a key of zero_ref.app.setting.GROUPS)
     (the table)
     <!-- /flags -->
 
+and `<!-- flags: all -->` holds the list of every flag, one line per group (README).
+
     python scripts/flag_tables.py           # rewrite docs/flags.md and the marked tables
     python scripts/flag_tables.py --check   # exit 1 naming each stale file
 
@@ -163,16 +165,34 @@ def flags_page() -> str:
     return "\n".join(parts)
 
 
+def _spelled(s: Setting) -> str:
+    """`--stage {0,1,2,3}` for a flag with choices, `--steps` for any other."""
+    choices = "" if s.choices is None else " {" + ",".join(str(c) for c in s.choices) + "}"
+    return f"`{s.option}{choices}`"
+
+
+def flag_list() -> str:
+    """Every flag, one line per --help group (README's list; marker `flags: all`)."""
+    lines = []
+    for group, title in GROUPS.items():
+        flags = [_spelled(s) for s in SETTINGS if s.group == group and s.flag]
+        if flags:
+            lines.append(f"- {title[0].upper()}{title[1:]}: " + ", ".join(flags) + ".")
+    return "\n".join(lines)
+
+
 def rewrite_marked(text: str) -> str:
-    """text with every marked group table rendered afresh."""
+    """text with every marked group table (and `flags: all`, the list of every flag)
+    rendered afresh."""
     out, pos = [], 0
     while match := BEGIN.search(text, pos):
         end = text.find(END, match.end())
         if end < 0:
             raise ValueError(f"{match[0].strip()} has no {END}")
-        if match["group"] not in GROUPS:
+        if match["group"] != "all" and match["group"] not in GROUPS:
             raise ValueError(f"{match[0].strip()}: no group {match['group']!r}")
-        out += [text[pos : match.end()], group_table(match["group"]) + "\n"]
+        body = flag_list() if match["group"] == "all" else group_table(match["group"])
+        out += [text[pos : match.end()], body + "\n"]
         pos = end
     return "".join(out) + text[pos:]
 

@@ -22,7 +22,12 @@ or a resume's reads before step 1). With a --log-jsonl log beside the trace
 (FILE.jsonl for FILE.json) the title says the step's loss scale and whether it was
 skipped.
 
-Times are from the start of that step; whole steps share one time axis, and
+A step runs from the end of the previous step's loss all-reduce to the end of its own
+(scripts/trace_steps.py), so it opens with its own work. The first part of each
+blocking collective's bar that was spent waiting for the other ranks to arrive (its
+length minus the shortest any rank took in the same call) is hatched, and the title
+sums it: with more ranks than cores that wait is mostly a rank descheduled, not the
+network. Times are from the start of that step; whole steps share one time axis, and
 each title gives its step's length. --order draws the events in the order they
 began, one slot each, instead of by time: for numba-cuda's simulator, where a kernel
 takes seconds and a copy microseconds. Every figure is checked for anything drawn
@@ -41,6 +46,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from plot_run import save  # noqa: E402  (beside this script: the same axes check)
+from trace_steps import (  # noqa: E402  (which events are one step, and the waits)
+    collective_waits,
+    compute_spread,
+    median_spec,
+    median_step,
+    parse_spec,
+    step_events,
+)
 
 LANES = (  # bottom to top; a trace's lanes are drawn only if it has events in them
     "checkpoint",
@@ -69,68 +82,6 @@ COPY_COLORS = {
 }
 SWAP_COLORS = {"swap reads": "navy", "adamw sub-groups": "darkorange", "swap writes": "darkgreen"}
 IO_COLORS = {**SWAP_COLORS, "checkpoint": "sienna"}
-
-
-WARMUP_STEPS = 5  # left out of :median, as scripts/bench_train.py leaves them out
-
-
-def parse_spec(spec: str) -> tuple[Path, int | str | None, bool]:
-    """A spec FILE, FILE:N, FILE:median, FILE:optimizer or FILE:N:optimizer as (the
-    trace, the run's step N, "median" or None for the last, whether to draw the
-    optimizer step alone)."""
-    rest, zoom = spec, spec.endswith(":optimizer")
-    if zoom:
-        rest = spec[: -len(":optimizer")]
-    path, _, step = rest.rpartition(":")
-    if path and step.isdigit():
-        return Path(path), int(step), zoom
-    if path and step == "median":
-        return Path(path), step, zoom
-    return Path(rest), None, zoom
-
-
-def median_spec(spec: str) -> str:
-    """FILE as FILE:median, FILE:optimizer as FILE:median:optimizer; a step given stays."""
-    path, step, zoom = parse_spec(spec)
-    return spec if step is not None else f"{path}:median" + (":optimizer" if zoom else "")
-
-
-def median_step(events: list[dict], rank: int = 0) -> int:
-    """The run's step of median length on `rank`, after WARMUP_STEPS: the typical step,
-    as the benchmarks' medians are (a step's length: from the previous optimizer step's
-    end to its own)."""
-    ends = sorted(
-        (e["ts"] + e["dur"], int(e["name"].split()[-1]))
-        for e in events
-        if e.get("pid") == rank and e.get("ph") == "X" and e["cat"] == "optimizer"
-    )
-    lengths = sorted(
-        (b[0] - a[0], b[1]) for a, b in zip(ends, ends[1:], strict=False) if b[1] > WARMUP_STEPS
-    )
-    if not lengths:
-        raise SystemExit(f"median: the trace has no step after the {WARMUP_STEPS} warm-up steps")
-    return lengths[(len(lengths) - 1) // 2][1]
-
-
-def step_events(
-    events: list[dict], step: int | None, zoom: bool = False, rank: int = 0
-) -> tuple[list[dict], float]:
-    """Rank's events of the run's step `step` (None: the last), and when that step began
-    (us): from the end of the previous optimizer step to the end of this one, or (zoom)
-    the optimizer step's own span. The optimizer event is named after the step."""
-    mine = [e for e in events if e.get("pid") == rank and e.get("ph") == "X"]
-    steps = sorted((e for e in mine if e["cat"] == "optimizer"), key=lambda e: e["ts"])
-    names = [e["name"] for e in steps]
-    wanted = f"optimizer step {step or ''}"
-    if not steps or (step is not None and wanted not in names):
-        held = f"{names[0]} .. {names[-1]}" if names else "no optimizer step"
-        raise SystemExit(f"{wanted}: the trace holds {held}")
-    i = len(steps) - 1 if step is None else names.index(wanted)
-    end = steps[i]["ts"] + steps[i]["dur"]
-    start = steps[i - 1]["ts"] + steps[i - 1]["dur"] if i > 0 else 0.0
-    if zoom:
-        start = steps[i]["ts"]
-    return [e for e in mine if start <= e["ts"] < end], start
 
 
 def color_of(e: dict) -> str:
@@ -180,13 +131,35 @@ def bar_span(e: dict, row: int, subs: dict[int, tuple[int, int]]) -> tuple[float
     return row - 0.35 + 0.7 * sub / count, 0.7 / count
 
 
+WAIT_HATCH = "////"  # the part of a collective's bar spent waiting for slower ranks
+FLIGHT_EDGES = {"edgecolor": "white", "linewidth": 0.8}  # calls one after another, apart
+
+
+def draw_bar(ax, e: dict, x: float, width: float, span: tuple, wait: float, **edges) -> None:
+    """One event's bar; a blocking collective's first `wait` ms (collective_waits: the
+    time it waited for the other ranks to arrive) hatched and faded, the rest solid."""
+    wait = min(wait, width)
+    if wait > 0:
+        ax.broken_barh([(x, wait)], span, facecolor=color_of(e), alpha=0.35, hatch=WAIT_HATCH)
+        x, width = x + wait, width - wait
+    ax.broken_barh([(x, width)], span, color=color_of(e), **edges)
+
+
 def draw(
-    ax, events: list[dict], start: float, order: bool = False, hidden: tuple[str, ...] = ()
+    ax,
+    events: list[dict],
+    start: float,
+    order: bool = False,
+    hidden: tuple[str, ...] = (),
+    waits: dict[int, float] | None = None,
 ) -> dict[str, dict]:
     """The lanes of one step on ax but the `hidden` ones (drawn in a zoomed panel);
     returns its bytes, hidden lanes included: "sent" per collective kind, "copied" per
-    copy kind, "swap" read and written, "checkpoint" per verb (write, verify, read)."""
-    moved = {k: defaultdict(int) for k in ("sent", "copied", "swap", "checkpoint")}
+    copy kind, "swap" read and written, "checkpoint" per verb (write, verify, read); and
+    "waited": the blocking collectives' milliseconds in all ("calls") and waiting for
+    slower ranks ("waiting"), from `waits` (collective_waits, in us; not drawn by order)."""
+    waits = {} if order or waits is None else waits
+    moved = {k: defaultdict(int) for k in ("sent", "copied", "swap", "checkpoint", "waited")}
     lanes = [lane for lane in LANES if lane not in hidden and any(e["cat"] == lane for e in events)]
     rows = {lane: row for row, lane in enumerate(lanes)}
     right = 0.0
@@ -195,8 +168,13 @@ def draw(
     subs = sub_rows(bars)
     for e, x, width in bars:
         if e["cat"] in rows:
-            bottom, height = bar_span(e, rows[e["cat"]], subs)
-            ax.broken_barh([(x, width)], (bottom, height), color=color_of(e), **edges)
+            span = bar_span(e, rows[e["cat"]], subs)
+            apart = FLIGHT_EDGES if e["cat"] == "in flight" and not edges else edges
+            draw_bar(ax, e, x, width, span, waits.get(id(e), 0.0) / 1e3, **apart)
+            bottom, height = span
+            if id(e) in waits:
+                moved["waited"]["calls"] += e["dur"] / 1e3
+                moved["waited"]["waiting"] += waits[id(e)] / 1e3
             if "sub_group" in e["args"]:  # which sub-group, as bench_offload.py labels them
                 where = (x + width / 2, bottom + height / 2)
                 label = str(e["args"]["sub_group"])
@@ -255,6 +233,12 @@ def title(
         lines.append(listed(moved["swap"]))
     if moved["checkpoint"]:
         lines.append(f"checkpoint {listed(moved['checkpoint'])}")
+    if moved["waited"]:
+        w = moved["waited"]
+        lines.append(
+            f"blocking collectives {w['calls']:.1f} ms, of which {w['waiting']:.1f} ms (hatched) "
+            "waiting for slower ranks to arrive"
+        )
     return "\n".join(lines)
 
 
@@ -292,9 +276,10 @@ def figure(specs: list[str], order: bool = False) -> tuple[plt.Figure, dict]:
 
     Whole steps drawn by time share one time axis (the longest step's), so their
     lengths compare; a zoomed optimizer step has its own, labelled so."""
-    drawn, steps, medians = [parse_spec(s) for s in specs], [], set()
+    drawn, steps, medians, waits = [parse_spec(s) for s in specs], [], set(), []
     for i, (path, step, zoom) in enumerate(drawn):
         events = json.loads(path.read_text())["traceEvents"]
+        waits.append(collective_waits(events))
         if step == "median":
             step = median_step(events)
             drawn[i], _ = (path, step, zoom), medians.add(i)
@@ -310,7 +295,7 @@ def figure(specs: list[str], order: bool = False) -> tuple[plt.Figure, dict]:
     for i, (ax, (path, step, zoom), (events, start)) in enumerate(
         zip(axes[:, 0], drawn, steps, strict=True)
     ):
-        moved = draw(ax, events, start, order, hidden[i])
+        moved = draw(ax, events, start, order, hidden[i], waits[i])
         span = None if order else max(e["ts"] + e["dur"] for e in events) / 1e3 - start / 1e3
         text = title(path, step, zoom, moved, span, median=i in medians)
         if hidden[i]:
@@ -334,8 +319,13 @@ def figure(specs: list[str], order: bool = False) -> tuple[plt.Figure, dict]:
     known = [*COMPUTE_COLORS, *COLORS, *COPY_COLORS, *IO_COLORS, *entries]  # legend order
     entries = {k: entries[k] for k in dict.fromkeys(known) if k in entries}
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in entries.values()]
-    fig.legend(handles, list(entries), loc="upper right", ncol=min(len(entries), 6), fontsize=7)
-    top = 1 - 0.25 * (1 + (len(entries) - 1) // 6) / (sum(heights) + 0.6)
+    labels = list(entries)
+    if any(moved.get("waited") for moved in summary.values()):
+        labels.append("waiting for slower ranks")
+        handles.append(plt.Rectangle((0, 0), 1, 1, fc="0.6", alpha=0.35, hatch=WAIT_HATCH))
+    ncol = min(len(labels), 6)
+    fig.legend(handles, labels, loc="upper right", ncol=ncol, fontsize=7)
+    top = 1 - 0.25 * (1 + (len(labels) - 1) // 6) / (sum(heights) + 0.6)
     fig.tight_layout(rect=(0, 0, 1, top))
     return fig, summary
 
@@ -356,7 +346,10 @@ def main() -> None:
     fig, summary = figure(specs, a.order)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     save(fig, a.out)
-    print(json.dumps({"written": str(a.out), "bytes": summary}))
+    spread = {}  # each run's forward and backward ms over its steps after the warm-up
+    for path in dict.fromkeys(parse_spec(s)[0] for s in specs):
+        spread[path.stem] = compute_spread(json.loads(path.read_text())["traceEvents"])
+    print(json.dumps({"written": str(a.out), "bytes": summary, "compute_spread": spread}))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Two hosts on one Linux machine, and zero_ref run across them (root needed):
 #
-#   sudo bash scripts/two_host_check.sh [OUT]          # default OUT: two_host_out/
+#   bash scripts/two_host_check.sh [OUT]    # as root; default OUT: two_host_out/
 #
 # 1. Builds two network namespaces, zr_h1 and zr_h2, joined by a veth pair (10.77.0.1
 #    and 10.77.0.2, device zr0 on both sides), each process in its own UTS namespace

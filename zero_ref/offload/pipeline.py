@@ -22,6 +22,7 @@ bytes (zero_ref/io/trace.py).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -70,13 +71,16 @@ class OffloadedUpdate:
 
     def _timed(self, what: str, i: int, fn, *args) -> None:
         """fn(*args), an event on the trace if there is one: "read 3" in lane "swap
-        reads", with the bytes it moved. Runs on the I/O threads for reads and writes:
+        reads", with the bytes it moved and the thread that ran it (either I/O thread runs
+        reads and writes alike). Runs on the I/O threads for reads and writes:
         Trace.complete is one list.append, atomic in CPython, so they need no lock."""
         t0 = time.perf_counter()
         moved = fn(*args)
         if self.trace is not None:
             seconds = time.perf_counter() - t0
-            args = {"sub_group": i} if moved is None else {"sub_group": i, "bytes": moved}
+            args = {"sub_group": i, "thread": threading.current_thread().name}
+            if moved is not None:
+                args["bytes"] = moved
             self.trace.complete(f"{what} {i}", SWAP_LANES[what], t0, seconds, **args)
 
     def run(self, owned: Sequence[Owned], update: ChunkUpdate) -> None:
