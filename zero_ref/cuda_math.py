@@ -13,8 +13,8 @@ simulator (NUMBA_ENABLE_CUDASIM=1, how CI runs these) executes kernels as
 Python on NumPy float32 scalars, which already round once per operation, and
 has no libdevice: there the helpers are the plain operators.
 
-NumPy 2.5 removed `np.row_stack`, but numba-cuda (every release from 0.22.2 to at least
-0.30.4) registers `overload(np.row_stack)` with no version guard
+NumPy 2.5 removed `np.row_stack`, but numba-cuda (0.30.4, read here; issue 30 found the
+same in every release from 0.22.2) registers `overload(np.row_stack)` with no version guard
 (numba_cuda/numba/cuda/np/arrayobj.py, line 6860 in 0.30.4: `if numpy_version >= (2, 0):
 overload(np.row_stack)(impl_np_vstack)`; numba's own copy, numba/np/arrayobj.py line
 6701 in 0.68.1, also requires `numpy_version < (2, 5)`). That module is imported at the
