@@ -190,7 +190,8 @@ env_phase() {
   real_target
   "$PY" scripts/gpu_check_env.py --require "$REQUIRE" --probe "$WORK/probe"
 }
-export -f env_phase real_target mpi_launcher mpi_runs install_wheels use_prefix mpi_setup
+export -f env_phase real_target mpi_env mpi_is_hydra mpi_launcher mpi_runs install_wheels
+export -f use_prefix mpi_setup
 run_phase env env.txt "$LIMIT_ENV" bash -c env_phase
 # shellcheck disable=SC1091
 [[ -f $WORK/env.sh ]] && . "$WORK/env.sh" # what env chose, for every later phase

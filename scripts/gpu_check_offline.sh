@@ -56,8 +56,8 @@ run_case() { # NAME WITH_MPI4PY
       # a plain mpirun (no -hosts, no host file) beside the check'"'"'s, with the carried MPICH
       . "$(ls -d "$0"/gpu_check.*)/env.sh"
       for how in plain check; do
-        [[ $how == plain ]] && launch="mpirun" && unset HYDRA_HOST_FILE
-        [[ $how == check ]] && launch=$GPU_CHECK_MPIRUN
+        if [[ $how == plain ]]; then launch="mpirun"; saved=$RES_OPTIONS; unset HYDRA_HOST_FILE RES_OPTIONS; fi
+        if [[ $how == check ]]; then launch=$GPU_CHECK_MPIRUN; export RES_OPTIONS=$saved; . "$(ls -d "$0"/gpu_check.*)/env.sh"; fi
         start=$(date +%s.%N)
         timeout 40 $launch -n 2 "$PYTHON" -c "from mpi4py import MPI" > "$0/$how.log" 2>&1
         echo "$? $(date +%s.%N) $start" > "$0/$how.rc"

@@ -289,22 +289,36 @@ def mpi_library(tmp_path: Path, script: str, **env: str) -> subprocess.Completed
 HYDRA = ("HYDRA build details:", "mpirun -hosts localhost")  # what `mpirun --version` says
 
 
-@pytest.mark.parametrize("says, launcher", [HYDRA, ("mpirun (Open MPI) 5.0", "mpirun")])
-def test_hydra_is_told_localhost_so_it_asks_no_dns(tmp_path, says, launcher):
+def fake_mpirun(tmp_path: Path, says: str) -> str:
+    """A PATH whose mpirun prints `says` for --version and succeeds at anything else: the
+    launcher is what is under test here, not MPI (the rehearsal runs the real one)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "mpirun").write_text(f"#!/bin/sh\necho '{says}'\n")
+    script = f'#!/bin/sh\n[ "$1" = --version ] && echo "{says}"\nexit 0\n'
+    (bin_dir / "mpirun").write_text(script)
     (bin_dir / "mpirun").chmod(0o755)
-    path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
-    done = mpi_library(tmp_path, 'mpi_launcher; echo "file=${HYDRA_HOST_FILE:-}"', PATH=path)
-    assert done.returncode == 0, done.stderr
-    line, hosts = done.stdout.splitlines()
-    assert line == launcher
-    if launcher.endswith("localhost"):  # the mpiruns tests start read it too
-        assert (tmp_path / "work" / "hosts").read_text() == "localhost\n"
-        assert hosts == f"file={tmp_path / 'work' / 'hosts'}"
-    else:
-        assert hosts == "file="
+    return f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+
+
+@pytest.mark.parametrize("says, launcher", [HYDRA, ("mpirun (Open MPI) 5.0", "mpirun")])
+def test_hydra_is_told_localhost_and_lookups_give_up_fast_in_every_later_phase(
+    tmp_path, says, launcher
+):
+    """mpi_setup (the machine's MPI runs: nothing installed) leaves in WORK/env.sh, for
+    every later phase, the launcher, RES_OPTIONS and (Hydra) the host file."""
+    env = {"PATH": fake_mpirun(tmp_path, says), "REHEARSE": "0"}
+    done = mpi_library(tmp_path, "mpi_setup", **{k: v for k, v in env.items()})
+    assert done.returncode == 0, done.stdout + done.stderr
+    work = tmp_path / "work"
+    later = mpi_library(
+        tmp_path,
+        f"env -i bash -c '. {work / 'env.sh'}; echo \"$GPU_CHECK_MPIRUN|$RES_OPTIONS|"
+        "${HYDRA_HOST_FILE:-}\"'",
+    )
+    hosts = str(work / "hosts") if launcher.endswith("localhost") else ""
+    assert later.stdout.strip() == f"{launcher}|timeout:1 attempts:1|{hosts}", later.stdout
+    if hosts:
+        assert (work / "hosts").read_text() == "localhost\n"
 
 
 def fake_wheel(folder: Path, version: str, who: str) -> Path:
