@@ -403,3 +403,22 @@ def test_device_memory_is_set_beside_the_ledger_and_a_ledger_above_it_fails():
     simulated = step_check.memory_report([{"ledger_device_bytes": 5}], None, None)
     assert simulated == {"ranks": [{"ledger_device_bytes": 5}], "ledger_device_bytes": 5,
                          "simulator": True}  # fmt: skip
+
+
+def test_a_training_run_past_its_limit_is_stopped_with_the_processes_it_started(
+    tmp_path, monkeypatch
+):
+    """bench_gpu's runs each have a limit: past it the run and what it started (mpirun's
+    ranks) are killed, and the next run goes on (their JSON lines print as they end)."""
+    import time
+
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))  # bench_gpu imports bench_common
+    bench = script_module("bench_gpu")
+    child = tmp_path / "child.pid"
+    started = time.monotonic()
+    rc, output = bench.run_limited(["bash", "-c", f"sleep 60 & echo $! > {child}; wait"], 1.0)
+    assert rc is None and output.endswith("(stopped after 1.0 s)"), output
+    assert time.monotonic() - started < 20
+    stat = Path(f"/proc/{child.read_text().strip()}/stat")
+    assert not stat.exists() or stat.read_text().split()[2] == "Z"  # gone, or only a zombie
+    assert bench.run_limited(["bash", "-c", "echo done"], 10.0) == (0, "done\n")
