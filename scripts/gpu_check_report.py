@@ -1,113 +1,25 @@
-"""What scripts/gpu_check.sh found: the machine's facts, and each phase's figures.
+"""What scripts/gpu_check.sh found: each phase's figures, into summary.json.
 
-    python scripts/gpu_check_report.py env --require gpu|simulator   # a JSON line
     python scripts/gpu_check_report.py summary WORK RESULTS --mode gpu|rehearse
 
-`env` prints what the GPU path will run on (Python, the packages zero_ref needs and
-their versions, the MPI library mpi4py loaded, the GPU or the simulator) as one JSON
-line, and exits 1 when what --require names is missing. `summary` reads the phase
-table gpu_check.sh wrote (WORK/phases.tsv: name, file, status, exit code, start, end,
-limit) and each phase's own logs, and writes RESULTS/summary.json, the check's last
-file: every phase with pass/fail/timeout, its seconds and its figures (test counts,
-the oracle's bitwise verdict per step, the checkpoint's files, bench_gpu's JSON). A
-phase whose command passed but whose figures are missing is marked fail, with why.
-It imports nothing of zero_ref, so it runs wherever the check's logs are.
+`summary` reads the phase table gpu_check.sh wrote (WORK/phases.tsv: name, file,
+status, exit code, start, end, limit) and each phase's own logs, and writes
+RESULTS/summary.json (after every phase; the last one is the check's last file): every
+phase with pass/fail/timeout, its seconds and its figures (the machine's facts that
+scripts/gpu_check_env.py printed, test counts, the oracle's bitwise verdict per step,
+the GPU against the CPU and the device's memory, the checkpoint's comparisons,
+bench_gpu's JSON). A phase whose command passed but whose figures are missing is marked
+fail, with why. It imports nothing of zero_ref, so it runs wherever the check's logs are.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.metadata
 import json
-import platform
 import re
 import sys
 import time
 from pathlib import Path
-
-PACKAGES = (  # zero_ref's dependencies, the test extra's, and the GPU extra's (either CUDA)
-    "numpy", "numba", "numba-cuda", "cupy-cuda12x", "cupy-cuda13x", "mpi4py", "mpich",
-    "ml_dtypes", "safetensors", "tqdm", "threadpoolctl", "pytest", "hypothesis",
-)  # fmt: skip
-
-
-# ---- env: the machine
-
-
-def version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def mpi_facts() -> dict:
-    """The MPI library mpi4py loads, or why it cannot (a singleton: no mpirun needed)."""
-    try:
-        from mpi4py import MPI
-
-        return {"library": MPI.Get_library_version().splitlines()[0].strip()}
-    except Exception as e:  # the report says why instead
-        return {"error": f"{type(e).__name__}: {e}"}
-
-
-def cuda_facts() -> dict:
-    """numba's view of the device (the simulator's, or the GPUs'), and CuPy's."""
-    import numba
-    from numba import cuda
-
-    facts: dict = {"simulator": bool(numba.config.ENABLE_CUDASIM)}
-    try:
-        facts["available"] = bool(cuda.is_available())
-        if facts["available"] and not facts["simulator"]:
-            facts["gpus"] = [_name(g.name) for g in cuda.gpus]
-    except Exception as e:
-        facts["error"] = f"{type(e).__name__}: {e}"
-    try:
-        cp = importlib.import_module("cupy")
-        facts["cupy"] = cp.__version__
-        if not facts["simulator"]:
-            facts["cupy_devices"] = int(cp.cuda.runtime.getDeviceCount())
-    except Exception as e:  # absent in the simulator: the GPU path uses NumPy there
-        facts["cupy_error"] = f"{type(e).__name__}: {e}"
-    return facts
-
-
-def _name(name) -> str:
-    return name.decode() if isinstance(name, bytes) else str(name)
-
-
-def env_facts() -> dict:
-    import zero_ref
-
-    return {
-        "python": platform.python_version(),
-        "executable": sys.executable,
-        "zero_ref": str(Path(zero_ref.__file__).parent),
-        "packages": {name: version(name) for name in PACKAGES},
-        "mpi": mpi_facts(),
-        "cuda": cuda_facts(),
-    }
-
-
-def missing(facts: dict, require: str) -> list[str]:
-    """What the run needs and this machine lacks: on a GPU numba's device and CuPy;
-    in a rehearsal the simulator; everywhere an MPI library mpi4py can load."""
-    cuda, lacking = facts["cuda"], []
-    if "error" in facts["mpi"]:
-        lacking.append(f"mpi4py cannot load an MPI library ({facts['mpi']['error']})")
-    if require == "simulator" and not cuda["simulator"]:
-        lacking.append("NUMBA_ENABLE_CUDASIM=1 (numba-cuda's simulator)")
-    if require == "gpu":
-        if cuda["simulator"] or not cuda.get("available"):
-            lacking.append("a CUDA GPU numba can use (NUMBA_ENABLE_CUDASIM=0)")
-        if "cupy" not in cuda:
-            lacking.append(f"CuPy ({cuda.get('cupy_error')})")
-    return lacking
-
-
-# ---- summary: each phase's figures
 
 
 def tests_figures(log: str) -> dict:
@@ -125,9 +37,26 @@ def tests_figures(log: str) -> dict:
 
 
 def jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+    """A run's JSONL records; a line it did not finish writing (killed mid-line) is
+    left out, so the rest still counts."""
+    records = []
+    for line in _lines(path):
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return [r for r in records if isinstance(r, dict)]
+
+
+def last_json(lines: list[str]) -> dict | None:
+    """The last line that reads as a JSON object (scripts print theirs last)."""
+    for line in reversed(lines):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    return None
 
 
 def oracle_figures(log: Path, records: list[dict], steps: int) -> dict:
@@ -157,33 +86,85 @@ def oracle_figures(log: Path, records: list[dict], steps: int) -> dict:
     return figures
 
 
-def checkpoint_figures(work: Path, steps: int) -> dict:
-    """The save's step folders, the resumed run's steps, the export's bytes, the sample."""
-    ckpt, export = work / "ckpt", work / "resumed.safetensors"
-    resumed = jsonl(work / "resume.jsonl")
-    log = (work / "checkpoint.log").read_text() if (work / "checkpoint.log").exists() else ""
-    sample = log.split("sample:\n", 1)[1][:80] if "sample:\n" in log else None
+def same_bytes(a: Path, b: Path) -> bool | None:
+    """Whether two files hold the same bytes; None when either is missing."""
+    if not (a.exists() and b.exists()):
+        return None
+    return a.read_bytes() == b.read_bytes()
+
+
+STEP_KEYS = ("loss", "grad_norm", "skipped", "loss_scale")
+
+
+def step_records(records: list[dict]) -> dict[int, tuple]:
     return {
-        "saved": sorted(p.name for p in ckpt.glob("step_*")) if ckpt.exists() else [],
-        "resumed_from": next((r["resumed_from"] for r in resumed if "resumed_from" in r), None),
-        "resumed_steps": [r["step"] for r in resumed if "step" in r and not r.get("final")],
+        r["step"]: tuple(repr(r.get(k)) for k in STEP_KEYS)
+        for r in records
+        if "step" in r and not r.get("final")
+    }
+
+
+def checkpoint_figures(work: Path, steps: int, save_steps: int) -> dict:
+    """The save halfway, the resume at the same ranks against the uninterrupted oracle
+    run (its export bitwise, its steps' losses, norms, skips and scales equal), and the
+    resume at other ranks: its steps, the oracle's verdict on each, its sample."""
+    first = jsonl(work / "checkpoint_first.jsonl")
+    resumed = step_records(jsonl(work / "checkpoint_resumed.jsonl"))
+    resharded = jsonl(work / "checkpoint_resharded.jsonl")
+    uninterrupted = step_records(jsonl(work / "oracle_stage3_bf16.jsonl"))
+    later = {s: v for s, v in uninterrupted.items() if s > save_steps}
+    log = "\n".join(_lines(work / "checkpoint.log"))
+    sample = log.split("sample:\n", 1)[1][:80] if "sample:\n" in log else None
+    resharded_steps = [r for r in resharded if "step" in r and not r.get("final")]
+    final = next((r for r in resharded if r.get("final")), {})
+    return {
+        "saved": sorted(p.name for p in (work / "ckpt").glob("step_*")),
+        "first_steps": [r["step"] for r in first if "step" in r and not r.get("final")],
+        "resumed_steps": sorted(resumed),
         "steps_expected": steps,
-        "export_bytes": export.stat().st_size if export.exists() else 0,
+        "resumed_export_bitwise_uninterrupted": same_bytes(
+            work / "resumed.safetensors", work / "oracle_stage3_bf16.safetensors"
+        ),
+        "resumed_steps_equal_uninterrupted": bool(later) and resumed == later,
+        "resharded_world_size": final.get("world_size"),
+        "resharded_bitwise_per_step": {
+            str(r["step"]): r.get("oracle_max_abs_diff") == 0.0 for r in resharded_steps
+        },
+        "resharded_export_bytes": _size(work / "resharded.safetensors"),
         "sample": sample,
     }
 
 
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
 def bench_figures(log: Path, train: bool) -> dict:
-    """bench_gpu.py's JSON line (its last): the kernels' figures, or with train only the
-    training runs' (less their commands, which are in bench.txt)."""
-    found = next((json.loads(x) for x in reversed(_lines(log)) if x.startswith("{")), None)
-    if found is None:
-        return {}
+    """bench_gpu.py's JSON line (its last): the kernels' figures; with train, the
+    training runs', from its last line or, cut short, from each run's own line."""
+    lines = _lines(log)
+    found = last_json(lines) or {}
     if not train:
         return found
-    for run in found.get("train", {}).values():
+    runs = found.get("train")
+    if runs is None:  # cut short: the runs that ended, each printed as it did
+        runs = {}
+        for line in lines:
+            one = last_json([line]) if line.startswith('{"train_run"') else None
+            if one:
+                runs[one.pop("train_run")] = one
+        found = found | {"finished": False}
+    for run in runs.values():
         run.pop("command", None)
-    return {k: found[k] for k in ("simulator", "device", "train") if k in found}
+    return {k: found[k] for k in ("simulator", "device", "finished") if k in found} | {
+        "train": runs
+    }
+
+
+def gpu_vs_cpu_figures(log: Path) -> dict:
+    """scripts/gpu_step_check.py's JSON line, less the step records it compared."""
+    found = last_json(_lines(log)) or {}
+    return {k: v for k, v in found.items() if k not in ("cpu_steps",)}
 
 
 def figures_missing(name: str, figures: dict) -> str | None:
@@ -194,9 +175,15 @@ def figures_missing(name: str, figures: dict) -> str | None:
         return None if figures["passed"] > 0 else "no test passed"
     if name.startswith("oracle"):
         return None if figures["all_bitwise"] else "not every step is bitwise the oracle"
+    if name == "gpu_vs_cpu":
+        if not figures.get("bitwise"):
+            return "the GPU's steps are not bitwise the CPU's"
+        memory = figures.get("memory", {})
+        if not memory.get("simulator") and not memory.get("ledger_within_numba_allocations"):
+            return "the ledger counts more device bytes than numba allocated (or no figures)"
+        return None
     if name == "checkpoint":
-        steps_ok = len(figures["resumed_steps"]) > 0 and figures["saved"]
-        return None if steps_ok and figures["export_bytes"] > 0 else "no save/resume/export"
+        return checkpoint_missing(figures)
     if name == "bench":
         return None if "fraction_of_copy" in figures else "no JSON line from bench_gpu.py"
     if name == "bench_train":
@@ -207,31 +194,46 @@ def figures_missing(name: str, figures: dict) -> str | None:
     return None
 
 
-def phase_figures(name: str, work: Path, expect: dict) -> dict:
+def checkpoint_missing(figures: dict) -> str | None:
+    if not figures["saved"] or not figures["resumed_steps"]:
+        return "no save and resume"
+    if not figures["resumed_export_bitwise_uninterrupted"]:
+        return "the resumed run's export is not bitwise the uninterrupted run's (or is missing)"
+    if not figures["resumed_steps_equal_uninterrupted"]:
+        return "the resumed run's steps differ from the uninterrupted run's"
+    per_step = figures["resharded_bitwise_per_step"]
+    if not per_step or not all(per_step.values()) or not figures["resharded_export_bytes"]:
+        return "the resharded resume is not bitwise its oracle at every step, or not exported"
+    return None
+
+
+def phase_figures(name: str, work: Path, expect: dict, save_steps: int) -> dict:
     """A phase's figures, from its log in WORK (gpu_check.sh copies each into RESULTS)."""
     if name == "env":
-        facts = [json.loads(x) for x in _lines(work / "env.log") if x.startswith("{")]
-        return facts[-1] if facts else {"missing": ["no facts line in env.txt"]}
+        found = last_json(_lines(work / "env.log"))
+        return found or {"missing": ["no facts line in env.txt"]}
     if name == "tests":
-        return tests_figures((work / "tests.log").read_text())
+        return tests_figures("\n".join(_lines(work / "tests.log")))
     if name.startswith("oracle"):
         return oracle_figures(work / f"{name}.log", jsonl(work / f"{name}.jsonl"), expect[name])
+    if name == "gpu_vs_cpu":
+        return gpu_vs_cpu_figures(work / "gpu_vs_cpu.log")
     if name == "checkpoint":
-        return checkpoint_figures(work, expect[name])
+        return checkpoint_figures(work, expect[name], save_steps)
     if name.startswith("bench"):
         return bench_figures(work / f"{name}.log", train=name == "bench_train")
     return {}
 
 
 def _lines(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []
+    return path.read_text(errors="replace").splitlines() if path.exists() else []
 
 
-def summarize(work: Path, mode: str, expect: dict, started: float) -> dict:
+def summarize(work: Path, mode: str, expect: dict, started: float, save_steps: int = 0) -> dict:
     phases = {}
     for row in _lines(work / "phases.tsv"):
         name, file, status, rc, start, end, limit = row.split("\t")
-        figures = phase_figures(name, work, expect)
+        figures = phase_figures(name, work, expect, save_steps)
         phase = {"status": status, "exit": int(rc), "seconds": round(float(end) - float(start), 1)}
         limit_s = int(limit) if limit.isdigit() else float(limit)  # timeout takes fractions
         phase |= {"limit_s": limit_s, "file": file, "figures": figures}
@@ -252,22 +254,18 @@ def summarize(work: Path, mode: str, expect: dict, started: float) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
-    env = sub.add_parser("env", help="the machine's facts, one JSON line")
-    env.add_argument("--require", choices=("gpu", "simulator"), required=True)
     summary = sub.add_parser("summary", help="write RESULTS/summary.json")
     summary.add_argument("work", type=Path)
     summary.add_argument("results", type=Path)
     summary.add_argument("--mode", choices=("gpu", "rehearse"), required=True)
     summary.add_argument("--started", type=float, required=True, help="the check's start")
     summary.add_argument("--expect", default="{}", help="JSON: steps each phase must show")
+    summary.add_argument("--save-steps", type=int, default=0, help="the checkpoint's save step")
     a = p.parse_args()
-    if a.command == "env":
-        facts = env_facts()
-        facts["missing"] = missing(facts, a.require)
-        print(json.dumps(facts), flush=True)
-        return 1 if facts["missing"] else 0
-    result = summarize(a.work, a.mode, json.loads(a.expect), a.started)
-    (a.results / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
+    result = summarize(a.work, a.mode, json.loads(a.expect), a.started, a.save_steps)
+    written = a.results / "summary.json.tmp"  # a reader never sees half a summary
+    written.write_text(json.dumps(result, indent=1) + "\n")
+    written.replace(a.results / "summary.json")
     print(json.dumps({k: v["status"] for k, v in result["phases"].items()}))
     return 0
 

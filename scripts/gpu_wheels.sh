@@ -4,6 +4,8 @@
 # device tool carries (docs/gpu.md, "On a lent machine"):
 #
 #   bash scripts/gpu_wheels.sh [DIR]        # DIR defaults to .whl
+#   GPU_WHEELS_PYTHON=3.11 bash scripts/gpu_wheels.sh DIR   # another CPython's mpi4py
+#                                            # (scripts/gpu_check_offline.sh rehearses here)
 #
 # That machine runs CPython 3.12 on x86-64 Linux and already has numpy, numba, numba-cuda,
 # cupy-cuda13x, mpi4py, ml_dtypes, safetensors, tqdm, threadpoolctl, pytest and hypothesis
@@ -25,7 +27,7 @@ WHEELS=("mpich==5.0.2" "mpi4py==4.1.2")
 mkdir -p "$DIR"
 rm -f "$DIR"/*.whl
 python3 -m pip download --quiet --no-deps --only-binary=:all: \
-  --python-version 3.12 --implementation cp \
+  --python-version "${GPU_WHEELS_PYTHON:-3.12}" --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \

@@ -181,17 +181,20 @@ def test_on_hardware_the_float_kernels_hold_no_fma_and_only_correctly_rounded_op
         text=True,
         timeout=300,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-3000:]  # a broken compiler fails, never skips
     ops = json.loads(done.stdout.strip().splitlines()[-1])
-    if "unavailable" in ops:
-        pytest.skip(f"cannot compile for a GPU here: {ops['unavailable'][:200]}")
-    for name in ("adamw", "unscale_and_clip"):
+    unavailable = ops.pop("unavailable", {})  # only a missing NVVM or driver lands here
+    if not ops:
+        pytest.skip(f"cannot compile for a GPU here: {str(unavailable)[:200]}")
+    for name in {"adamw", "unscale_and_clip"} & set(ops):
         floats = [op for op in ops[name] if op.endswith(".f32")]
         assert not [op for op in floats if op.startswith("fma")], (name, floats)
         assert all(".rn." in op for op in floats), (name, floats)
         assert not [op for op in ops[name] if op.startswith(("rcp", "rsqrt"))], (name, ops[name])
-    assert {"sqrt.rn.f32", "div.rn.f32", "mul.rn.f32"} <= set(ops["adamw"])
-    for name in ("round_fp16", "round_bf16"):
+    if "adamw" in ops:
+        assert {"sqrt.rn.f32", "div.rn.f32", "mul.rn.f32"} <= set(ops["adamw"])
+    for name in {"round_fp16", "round_bf16"} & set(ops):  # these ask for the driver
         assert not [op for op in ops[name] if op.endswith((".f16", ".f32"))], (name, ops[name])
-    embedding = [op for op in ops["embedding_backward"] if op.endswith(".f32")]
-    assert embedding == ["add.rn.f32"], embedding  # in-order adds, no atomics: deterministic
+    if "embedding_backward" in ops:  # in-order adds, no atomics: deterministic
+        embedding = [op for op in ops["embedding_backward"] if op.endswith(".f32")]
+        assert embedding == ["add.rn.f32"], embedding
