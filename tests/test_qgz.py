@@ -8,6 +8,8 @@ tests/test_parity.py, and through a checkpoint in tests/test_checkpoint_parity.p
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -339,15 +341,19 @@ def test_config_refuses_stage_0_and_the_gpu():
         ZeroConfig(stage=3, quantized_gradients=1)
 
 
-def test_a_deepspeed_config_turns_qgz_on_in_int8_and_a_flag_picks_int4(tmp_path):
-    """zero_optimization.zero_quantized_gradients reads as before (int8: DeepSpeed has no
-    key for the bits; its qgZ is always int4, which --quantized-gradient-bits 4 gives)."""
+def test_a_deepspeed_config_means_int4_as_in_deepspeed_and_a_flag_keeps_int8(tmp_path):
+    """zero_optimization.zero_quantized_gradients: true is int4, what DeepSpeed always sends
+    (its all_to_all_quant_reduce passes 4 bits; it has no key for them); the flag
+    --quantized-gradient-bits 8 given beside it keeps int8, and false leaves qgZ off."""
     path = tmp_path / "ds.json"
+    for on, expected in ((True, (True, 4)), (False, (False, 8))):
+        path.write_text(json.dumps({"zero_optimization": {"zero_quantized_gradients": on}}))
+        zero = parse_args(["--config", str(path), "--stage", "3"], 1).zero
+        assert (zero.quantized_gradients, zero.quantized_gradient_bits) == expected
     path.write_text('{"zero_optimization": {"stage": 3, "zero_quantized_gradients": true}}')
-    zero = parse_args(["--config", str(path)], 1).zero
-    assert zero.quantized_gradients and zero.quantized_gradient_bits == 8
-    zero = parse_args(["--config", str(path), "--quantized-gradient-bits", "4"], 1).zero
-    assert zero.quantized_gradients and zero.quantized_gradient_bits == 4
+    for flags, bits in ((["--quantized-gradient-bits", "8"], 8), (["--quantized-gradients"], 4)):
+        zero = parse_args(["--config", str(path), *flags], 1).zero
+        assert zero.quantized_gradients and zero.quantized_gradient_bits == bits
 
 
 def test_config_and_flags_take_the_bits():
