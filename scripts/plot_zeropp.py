@@ -1,7 +1,7 @@
 """docs/zeropp.md's figures, drawn from recorded results:
 
-    python scripts/plot_zeropp.py --loss docs/results/bench_zeropp_loss.json \\
-        --out docs/img/zeropp_loss.png
+    python scripts/plot_zeropp.py --loss docs/results/bench_zeropp_loss_hops.json \\
+        --out docs/img/zeropp_loss_hops.png
     python scripts/plot_zeropp.py --summed docs/results/qgz_error_block256.json \\
         docs/results/qgz_error_trained.json --out docs/img/zeropp_quantize_error.png
 
