@@ -65,7 +65,8 @@ def qwz_error(*results: Result) -> str:
     bound = results[0].data["bound"]
     return (
         f"{measured_by(*results)}\n\n{table(header, rows)}\n\n"
-        f"The bound is half an int8 step of amax, 0.5 / 127 = {bound:.7f}."
+        f"The bound is half an int8 step of amax, 0.5 / 127 = {bound:.7f}, where the "
+        "block's scale is a normal float32 (below that: [What qwZ does](#what-qwz-does))."
     )
 
 
