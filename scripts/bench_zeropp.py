@@ -4,7 +4,7 @@ two hosts, what that does to the step time, and how far each moves the loss.
     sudo python scripts/bench_zeropp.py --parts link --record bench_zeropp_link
     python scripts/bench_zeropp.py --parts loss --record bench_zeropp_loss
     python scripts/bench_zeropp.py --parts link --configs "stage 3,all three" --steps 8
-    python scripts/bench_zeropp.py --markdown docs/results/bench_zeropp_link.json
+    python scripts/bench_zeropp.py --markdown docs/results/bench_zeropp_link_hops.json
 
 bf16 stage 3 of the default GPT, and the same with each of scripts/zeropp_report.py's
 SETUPS (plain, +qwZ, +hpZ with host groups, +qgZ, all three; rows added there, picked
@@ -21,7 +21,7 @@ skipped, with the reason). Two parts:
 - loss: 4 ranks on this host (the loss does not depend on the network), --steps-loss
   steps (800, zero_ref.train's defaults otherwise) per configuration and seed: the
   final loss (the mean of the last 50 steps), its mean and spread over the seeds, and
-  the first seed's loss at every step (docs/img/zeropp_loss.png, scripts/plot_zeropp.py).
+  the first seed's loss at every step (docs/img/zeropp_loss_hops.png, scripts/plot_zeropp.py).
 
 Targets (issue 24): all three <= 0.3 x stage 3's link bytes; at a rate where stage 3 is
 communication-bound, all three's step <= 0.6 x stage 3's; each final loss within 2 % of

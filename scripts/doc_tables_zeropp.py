@@ -6,7 +6,22 @@ two-host measurements of scripts/bench_zeropp.py (its tables are zeropp_report.p
 from __future__ import annotations
 
 from doc_tables_render import Result, measured_by, table
-from zeropp_report import bytes_table, checks_text, loss_table, times_table
+from zeropp_report import PLAIN, both_ways, bytes_table, checks_text, loss_table, times_table
+
+# docs/zeropp.md's "which to choose": each option's model states per rank (K = 12, 16-bit
+# parameters and gradients, N = 4, G = 2: the two-host run's) beside its measured link bytes
+CHOICES = (
+    (PLAIN, "stage 3", "(2 + 2 + K) Psi / N = 4 Psi", "-"),
+    ("+hpZ", "hpZ, groups of a host", "+ 2 Psi / G (the secondary copy) = 5 Psi",
+     "stage 3's (with qwZ backward reads the dequantized weights)"),
+    ("hybrid (2)", "hybrid, groups of a host", "(2 + 2 + K) Psi / G = 8 Psi",
+     "another order of the sums"),
+    ("+qwZ", "qwZ", "stage 3's, plus the alignment's padding", "forward reads int8"),
+    ("+qgZ int4 2-hop", "qgZ int4, two hops", "stage 3's, plus the wire buffers",
+     "gradients in int4"),
+    ("all three (2-hop int4 qgZ)", "all three (int4 qgZ, two hops)", "hpZ's",
+     "the three together"),
+)  # fmt: skip
 
 
 def qwz_padding(large: Result, small: Result) -> str:
@@ -26,9 +41,9 @@ def qwz_padding(large: Result, small: Result) -> str:
     header = [
         "ranks",
         "padded elements, plain",
-        f"aligned to W x {a['block']}",
+        f"aligned to N x {a['block']}",
         "extra",
-        f"aligned to W x {b['block']}",
+        f"aligned to N x {b['block']}",
         "extra",
     ]
     return f"{measured_by(large, small)}\n\n{table(header, rows)}"
@@ -50,7 +65,8 @@ def qwz_error(*results: Result) -> str:
     bound = results[0].data["bound"]
     return (
         f"{measured_by(*results)}\n\n{table(header, rows)}\n\n"
-        f"The bound is half an int8 step of amax, 0.5 / 127 = {bound:.7f}."
+        f"The bound is half an int8 step of amax, 0.5 / 127 = {bound:.7f}, where the "
+        "block's scale is a normal float32 (below that: [What qwZ does](#what-qwz-does))."
     )
 
 
@@ -129,22 +145,17 @@ def zeropp_loss(res: Result) -> str:
     )
 
 
-def zeropp_blocks(res: Result) -> str:
-    """scripts/quantize_blocks.py's blocks (the figure's data): per kind the blocks, the
-    largest and the mean per-block max error over amax, and the mean RMS over amax."""
-    d = res.data
-    rows = []
-    for key, what in (("weights", "qwZ: forward's weights"), ("gradients", "qgZ: gradients")):
-        b = d[key]
-        mean_max = sum(b["max_rel"]) / b["blocks"]
-        rows.append([what, f"{b['blocks']:,} of <= {d['block']}", f"{b['max_of_max_rel']:.7f}",
-                     f"{mean_max:.7f}", f"{b['mean_rms_rel']:.5f}"])  # fmt: skip
-    header = ["blocks of", "blocks", "max err / amax", "mean per-block max", "mean RMS / amax"]
-    caption = (
-        f"{d['precision']}, {d['world']} ranks' gradients, after {d['steps']} steps "
-        f"(loss {d['loss']:.4f}). "
-    )
-    return f"{caption}{measured_by(res)}\n\n{table(header, rows)}"
+def zeropp_choice(res: Result) -> str:
+    """Which option to choose: memory by formula (CHOICES) beside the two-host run's link
+    bytes against plain stage 3's, both directions, on the unlimited link."""
+    rows = {r["config"]: r for r in res.data["link_rows"] if not r.get("skipped")}
+    base = both_ways(rows[PLAIN]["runs"]["unlimited"])
+    out = [
+        [name, memory, f"{both_ways(rows[config]['runs']['unlimited']) / base:.2f}", values]
+        for config, name, memory, values in CHOICES
+    ]
+    header = ["option", "model states per rank", "link bytes vs stage 3", "values"]
+    return f"{measured_by(res)}\n\n{table(header, out)}"
 
 
 def hybrid_memory(res: Result) -> str:
@@ -201,6 +212,7 @@ RENDERERS = {
     f.__name__: f
     for f in (
         zeropp_summary,
+        zeropp_choice,
         hybrid_memory,
         qwz_padding,
         qwz_error,
@@ -208,6 +220,5 @@ RENDERERS = {
         zeropp_bytes,
         zeropp_times,
         zeropp_loss,
-        zeropp_blocks,
     )
 }

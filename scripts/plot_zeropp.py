@@ -1,17 +1,18 @@
 """docs/zeropp.md's figures, drawn from recorded results:
 
-    python scripts/plot_zeropp.py --loss docs/results/bench_zeropp_loss.json \\
-        --out docs/img/zeropp_loss.png
-    python scripts/plot_zeropp.py --blocks docs/results/zeropp_quantize_blocks.json \\
-        --out docs/img/zeropp_quantize_error.png
+    python scripts/plot_zeropp.py --loss docs/results/bench_zeropp_loss_hops.json \\
+        --out docs/img/zeropp_loss_hops.png
+    python scripts/plot_zeropp.py --summed docs/results/qgz_error_block256.json \\
+        docs/results/qgz_error_trained.json --out docs/img/zeropp_quantize_error.png
 
 --loss: scripts/bench_zeropp.py's loss part, one curve per configuration (its first
 seed's loss at every step, smoothed over 25 steps, the raw steps faint) and a panel of
 the last 200 steps against plain stage 3's, where the configurations part if they do;
-the legend gives each one's final loss over the seeds. --blocks: scripts/quantize_blocks.py's
-blocks, one panel for qwZ's weight blocks and one for qgZ's gradient blocks: each
-block's max |x - x'| / amax and RMS / amax in the order the model lays them out, and
-the bound (half an int8 step). Every figure is checked for anything drawn outside its
+the legend gives each one's final loss over the seeds. --summed: scripts/qgz_error.py's
+records, the error the optimizer sees: the summed gradient's relative L2 error of each
+tensor, in int8 and int4 (the same gradients), one colour per record, a line at the
+whole gradient's. (A block's error over its own amax, the older figure, is at its bound
+in every block and hides this.) Every figure is checked for anything drawn outside its
 axes before it is saved (scripts/plot_run.py).
 """
 
@@ -72,34 +73,31 @@ def loss_figure(result: dict) -> plt.Figure:
     return fig
 
 
-def blocks_figure(result: dict) -> plt.Figure:
-    """Per block: max error and RMS error over amax, weights and gradients."""
-    fig, axes = plt.subplots(2, 1, figsize=(10, 6.2))
-    bound = result["bound"]
-    parts = (
-        ("weights", "qwZ: forward's weight blocks", "unit"),
-        ("gradients", f"qgZ: gradient blocks of {result['world']} ranks", "rank"),
-    )
-    for ax, (key, title, group) in zip(axes, parts, strict=True):
-        b = result[key]
-        x = np.arange(b["blocks"])
-        ax.scatter(x, b["max_rel"], s=3, color="C0", label="max |x - x'| / amax")
-        ax.scatter(x, b["rms_rel"], s=3, color="C1", label="RMS |x - x'| / amax")
-        ax.axhline(bound, color="tab:red", linestyle="--", linewidth=0.9, zorder=3,
-                   label=f"bound 0.5/127 = {bound:.5f}")  # fmt: skip
-        edges = [i for i in range(1, b["blocks"]) if b[group][i] != b[group][i - 1]]
-        top = 1.15 * bound
-        for e in edges:  # in data coordinates, so the axes check sees them
-            ax.plot([e - 0.5, e - 0.5], [0, top], color="0.8", linewidth=0.6)
-        ax.set_xlim(-1, b["blocks"])
-        ax.set_ylim(0, top)
-        ax.set_ylabel("error / block amax")
-        ax.set_title(f"{title}: {b['blocks']:,} blocks of <= {result['block']} "
-                     f"(grey lines: a new {group})", fontsize=9)  # fmt: skip
-        ax.legend(loc="lower right", fontsize=7, markerscale=3)
-    axes[-1].set_xlabel("block, in the model's layout order")
-    fig.suptitle(f"int8 block quantization error, the default GPT ({result['precision']}) "
-                 f"after {result['steps']} steps", fontsize=10)  # fmt: skip
+def summed_figure(results: list[dict]) -> plt.Figure:
+    """qgZ's error where it matters: the summed gradient's relative L2 error per tensor,
+    int8 and int4 on the same gradients, one colour per recorded run (its block)."""
+    fig, ax = plt.subplots(figsize=(11, 4.8))
+    names = list(results[0]["per_tensor"])
+    x = np.arange(len(names))
+    for i, r in enumerate(results):
+        for bits, f, marker in ((8, r, "o"), (4, r["int4"], "^")):
+            err = [100 * f["per_tensor"][n] for n in names]
+            whole = 100 * f["summed_grad_rel_l2_error"]
+            ax.scatter(x + 0.15 * i, err, s=14, marker=marker, color=f"C{i}",
+                       label=f"int{bits}, blocks of <= {r['block']}: whole gradient "
+                       f"{whole:.2f} %")  # fmt: skip
+            ax.plot([-0.5, len(names) - 0.5], [whole, whole], color=f"C{i}", linewidth=0.8,
+                    linestyle="--" if bits == 8 else ":")  # fmt: skip
+    ax.set_yscale("log")
+    ax.set_xticks(x, [n.replace(".weight", ".w") for n in names], rotation=70, fontsize=7)
+    ax.set_xlim(-0.5, len(names) - 0.5)
+    ax.set_ylabel("||sum q(g_r) - sum g_r|| / ||sum g_r||, %")
+    ax.grid(alpha=0.3, which="both", axis="y")
+    ax.legend(loc="upper left", fontsize=7, ncol=2)
+    r = results[0]
+    fig.suptitle(f"qgZ: the summed gradient's relative error per tensor, {r['world']} ranks' "
+                 f"gradients after {r['steps']} steps (the default GPT, {r['precision']}); "
+                 "lines: the whole gradient", fontsize=10)  # fmt: skip
     fig.tight_layout()
     return fig
 
@@ -108,14 +106,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--loss", type=Path, help="bench_zeropp.py's recorded loss part")
-    what.add_argument("--blocks", type=Path, help="quantize_blocks.py's recorded blocks")
+    what.add_argument("--summed", type=Path, nargs="+", help="qgz_error.py's recorded runs")
     p.add_argument("--out", type=Path, required=True, help="the PNG to write")
     a = p.parse_args()
     if a.out.suffix != ".png":
         p.error(f"--out {a.out}: a .png file")
-    source = a.loss or a.blocks
-    result = json.loads(source.read_text())
-    fig = loss_figure(result) if a.loss else blocks_figure(result)
+    if a.loss:
+        fig = loss_figure(json.loads(a.loss.read_text()))
+    else:
+        fig = summed_figure([json.loads(path.read_text()) for path in a.summed])
     print(f"wrote {save(fig, a.out)}")
 
 

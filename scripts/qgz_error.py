@@ -9,8 +9,10 @@ flags say --quantized-gradient-bits 4), then one more step's gradients of each o
 blocks of --quantize-block) and quantized per destination block, in int8 and in int4,
 the same gradients. Per block: max |g - g'| / amax (the bound is half a step: 0.5 / 127
 in int8, 0.5 / 7 in int4) and the RMS over amax; and for the summed gradient (what the
-optimizer gets) the relative L2 error ||sum q(g_r) - sum g_r|| / ||sum g_r||. Prints a
-table, then one JSON line (int8's figures at the top level, as before; "int4" beside).
+optimizer gets) the relative L2 error ||sum q(g_r) - sum g_r|| / ||sum g_r||, over the
+whole gradient and per tensor ("per_tensor", in layout order: what
+scripts/plot_zeropp.py --summed draws). Prints a table, then one JSON line (int8's
+figures at the top level, as before; "int4" beside).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from zero_ref.app.cli import parse_args
 from zero_ref.app.data import encode_corpus, load_text
 from zero_ref.app.tasks import build_task
 from zero_ref.layout.buckets import plan_buckets
-from zero_ref.layout.flat import build_layout, rank_rows
+from zero_ref.layout.flat import build_layout, rank_rows, tensor_views
 from zero_ref.layout.grad_blocks import bucket_block_starts
 from zero_ref.models.unit import init_params
 from zero_ref.oracle import Oracle
@@ -150,7 +152,22 @@ def errors(matrices: list[np.ndarray], layout, zero, bits: int) -> dict:
         "mean_rms_rel_error": float(rms.mean()),
         "summed_grad_rel_l2_error": float(np.linalg.norm(quant - exact) / np.linalg.norm(exact)),
         "bound": 0.5 / LEVELS[bits],
+        "per_tensor": per_tensor(layout, exact, quant),
     }
+
+
+def per_tensor(layout, exact: np.ndarray, quant: np.ndarray) -> dict[str, float]:
+    """The summed gradient's relative L2 error of each tensor, in layout order, from the
+    (W, shard_numel) sums: a unit's W rows, one after another, are its flat range."""
+    out = {}
+    for u in layout.units:
+        cols = slice(u.shard_offset, u.shard_offset + u.shard_numel)
+        e, q = (tensor_views(m[:, cols].reshape(-1), u) for m in (exact, quant))
+        for name, view in e.items():
+            norm = np.linalg.norm(view)
+            if norm > 0:  # a tensor with no gradient (none here) has no relative error
+                out[f"{u.name}.{name}"] = float(np.linalg.norm(q[name] - view) / norm)
+    return out
 
 
 if __name__ == "__main__":

@@ -170,30 +170,29 @@ def test_the_loss_figure_names_every_configuration_run(plot):
     assert "final 2.0250 (spread 0.0101, 2 seeds)" in named[1]
 
 
-def test_the_blocks_figure_draws_every_block_under_its_bound(plot):
+def test_the_summed_figure_draws_every_tensor_in_int8_and_int4(plot):
     plot_run, plot_zeropp = plot
-    bound = 0.5 / 127
-    blocks = {"blocks": 5, "max_rel": [bound] * 5, "rms_rel": [bound / 2] * 5}
-    result = {
-        "bound": bound, "world": 4, "block": 256, "precision": "bf16", "steps": 3,
-        "weights": {**blocks, "unit": ["a", "a", "b", "b", "b"]},
-        "gradients": {**blocks, "rank": [0, 0, 1, 2, 3]},
-    }  # fmt: skip
-    fig = plot_zeropp.blocks_figure(result)
+    bits = {"summed_grad_rel_l2_error": 0.01, "per_tensor": {"a.w": 0.01, "b.w": 0.02}}
+    results = [
+        {"block": b, "world": 4, "steps": 3, "precision": "fp32", **bits,
+         "int4": {**bits, "summed_grad_rel_l2_error": 0.1}}
+        for b in (256, 2048)
+    ]  # fmt: skip
+    fig = plot_zeropp.summed_figure(results)
     assert plot_run.outside_axes(fig) == []
-    weights, grads = fig.axes
-    assert [len(c.get_offsets()) for c in weights.collections] == [5, 5]
-    assert "5 blocks of <= 256" in weights.get_title()
-    assert len(grads.lines) == 1 + 3  # the bound and a line at each new rank
+    (ax,) = fig.axes
+    assert [len(c.get_offsets()) for c in ax.collections] == [2, 2, 2, 2]  # int8, int4 each
+    assert len(ax.lines) == 4  # the whole gradient's error, per record and bits
+    assert "int4, blocks of <= 2048: whole gradient 10.00 %" in [
+        t.get_text() for t in ax.get_legend().get_texts()
+    ]
 
 
 @pytest.mark.parametrize(
     "result, png, draw",
     [
-        ("bench_zeropp_loss", "zeropp_loss.png", "loss_figure"),
-        ("bench_zeropp_loss_int4", "zeropp_loss_int4.png", "loss_figure"),
         ("bench_zeropp_loss_hops", "zeropp_loss_hops.png", "loss_figure"),
-        ("zeropp_quantize_blocks", "zeropp_quantize_error.png", "blocks_figure"),
+        ("qgz_error_block256", "zeropp_quantize_error.png", "summed_figure"),
     ],
 )
 def test_the_docs_figures_are_drawn_from_recorded_results(plot, result, png, draw):
@@ -206,7 +205,7 @@ def test_the_docs_figures_are_drawn_from_recorded_results(plot, result, png, dra
     data = json.loads((REPO / "docs" / "results" / f"{result}.json").read_text())
     assert f"](img/{png})" in (REPO / "docs" / "zeropp.md").read_text()
     assert (REPO / "docs" / "img" / png).stat().st_size > 10_000
-    fig = getattr(plot_zeropp, draw)(data)
+    fig = getattr(plot_zeropp, draw)(data if draw == "loss_figure" else [data])
     assert plot_run.outside_axes(fig) == []
     if draw == "loss_figure":
         ran = [r["config"] for r in data["loss_rows"] if not r.get("skipped")]
@@ -264,7 +263,6 @@ TINY_QUANTIZED += ["--n-head", "2", "--context", "8"]
 @pytest.mark.parametrize(
     "script, flags, key",
     [
-        ("quantize_blocks.py", ["--quantized-weights", "--quantized-gradients"], "gradients"),
         ("qgz_error.py", [], "int4"),
     ],
 )
@@ -281,3 +279,4 @@ def test_the_error_scripts_run_on_a_tiny_model_and_end_with_json(script, flags, 
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["world"] == 2 and result["steps"] == 1 and key in result
+    assert result["per_tensor"] and result[key]["per_tensor"].keys() == result["per_tensor"].keys()

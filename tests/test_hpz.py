@@ -7,19 +7,24 @@ cannot do is refused by name. Parity with the oracle is tests/test_parity.py's (
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 
 import pytest
 from mpi4py import MPI
 
 from tests.mpi_pool import REPO, mpi_env, mpirun_command, run_watched
-from tests.test_parity import MLP, QWZ, check_bitwise, pinned, run
+from tests.test_parity import MLP, QWZ, TINY_UNITS, check_bitwise, pinned, run
 from zero_ref.app.cli import parse_args
+from zero_ref.app.report import comm_table
 from zero_ref.comm.choose import comm_for
 from zero_ref.comm.groups import group_ranks
+from zero_ref.comm.ledger import HierarchicalGathers
 from zero_ref.config import ZeroConfig
+from zero_ref.dtypes import ElementBytes
 from zero_ref.engine.gathered_unit import gathers_by_kind
 from zero_ref.engine.ladder import make_engine
+from zero_ref.layout.grad_blocks import GradientWire
 from zero_ref.memory_formulas import prefetch_plan
 from zero_ref.models.unit import init_params
 from zero_ref.testing.replay import ReplayModel
@@ -130,3 +135,43 @@ def test_checkpoint_of_an_hpz_run_resumes_and_reshards(mpi_pools, first, second)
     for result in (saved, resumed):
         check_bitwise(result)
         assert result["optimizer_state_bitwise"]
+
+
+@pytest.mark.parametrize(
+    "qgz", [None, QWZ | {"bits": 4, "local": "world"}, QWZ | {"bits": 4, "local": 2}]
+)
+def test_the_reports_two_parts_are_what_the_ledger_counted_at_4_ranks(mpi_pools, qgz):
+    """The run report's hpZ line ("X of the bytes [inside the groups]; Y across the
+    world") against the ledger of a real 4-rank bf16 run, groups of 2, with qwZ, without
+    and with qgZ (whose gradients are its int4 rows, in one hop or two, not a 16-bit
+    reduce-scatter): X is allgather_hpz's bytes, Y every other kind's, and the two add
+    up to the schedule's total."""
+    bf16 = {"precision": "bf16"}
+    drawn = pinned(TINY_UNITS, stage=3, world=4, hpz=2, qwz=QWZ, qgz=qgz, precision=bf16)
+    result = run(mpi_pools, drawn)
+    check_bitwise(result)
+    g = result["gathers"]
+    gathers = HierarchicalGathers(
+        *(tuple(g[k]) for k in ("full", "quantized", "group")), g["block"], g["group_size"]
+    )
+    wire = result["grad_blocks"] and GradientWire(**result["grad_blocks"])
+    step = result["ledger"][-1]
+    table = comm_table(
+        [{"rank": 0, "comm_last_step": step}],
+        3,
+        result["unit_padded_numels"],
+        4,
+        drawn["grad_accum"],
+        ElementBytes(**result["element_bytes"]),
+        gathers,
+        wire or None,
+    )
+    found = re.search(r"([\d,]+) of the bytes; ([\d,]+) across the world.*: ([\d,]+) bytes", table)
+    assert found, table
+    inside, across, total = (int(x.replace(",", "")) for x in found.groups())
+    zero = ("allgather", "reduce_scatter")  # not the loss, the norm, the test's consolidation
+    sent = {kind: v["sent_bytes"] for kind, v in step.items() if kind.startswith(zero)}
+    assert inside == sent["allgather_hpz"] > 0
+    assert across == sum(v for kind, v in sent.items() if kind != "allgather_hpz"), (sent, table)
+    assert total == inside + across
+    assert any(kind.startswith("reduce_scatter_int4") for kind in sent) == (qgz is not None)

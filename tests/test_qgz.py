@@ -8,6 +8,8 @@ tests/test_parity.py, and through a checkpoint in tests/test_checkpoint_parity.p
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -31,11 +33,13 @@ from zero_ref.quantize import (
     dequantize_segments4_reference,
     dequantize_segments_kernel,
     dequantize_segments_reference,
+    error_bound,
     pack_rows,
     quantize_segments4_kernel,
     quantize_segments4_reference,
     quantize_segments_kernel,
     quantize_segments_reference,
+    quantized_copy,
     quantized_rows,
     segment_payload_bytes,
     unpack_sum,
@@ -339,15 +343,19 @@ def test_config_refuses_stage_0_and_the_gpu():
         ZeroConfig(stage=3, quantized_gradients=1)
 
 
-def test_a_deepspeed_config_turns_qgz_on_in_int8_and_a_flag_picks_int4(tmp_path):
-    """zero_optimization.zero_quantized_gradients reads as before (int8: DeepSpeed has no
-    key for the bits; its qgZ is always int4, which --quantized-gradient-bits 4 gives)."""
+def test_a_deepspeed_config_means_int4_as_in_deepspeed_and_a_flag_keeps_int8(tmp_path):
+    """zero_optimization.zero_quantized_gradients: true is int4, what DeepSpeed always sends
+    (its all_to_all_quant_reduce passes 4 bits; it has no key for them); the flag
+    --quantized-gradient-bits 8 given beside it keeps int8, and false leaves qgZ off."""
     path = tmp_path / "ds.json"
+    for on, expected in ((True, (True, 4)), (False, (False, 8))):
+        path.write_text(json.dumps({"zero_optimization": {"zero_quantized_gradients": on}}))
+        zero = parse_args(["--config", str(path), "--stage", "3"], 1).zero
+        assert (zero.quantized_gradients, zero.quantized_gradient_bits) == expected
     path.write_text('{"zero_optimization": {"stage": 3, "zero_quantized_gradients": true}}')
-    zero = parse_args(["--config", str(path)], 1).zero
-    assert zero.quantized_gradients and zero.quantized_gradient_bits == 8
-    zero = parse_args(["--config", str(path), "--quantized-gradient-bits", "4"], 1).zero
-    assert zero.quantized_gradients and zero.quantized_gradient_bits == 4
+    for flags, bits in ((["--quantized-gradient-bits", "8"], 8), (["--quantized-gradients"], 4)):
+        zero = parse_args(["--config", str(path), *flags], 1).zero
+        assert zero.quantized_gradients and zero.quantized_gradient_bits == bits
 
 
 def test_config_and_flags_take_the_bits():
@@ -399,3 +407,60 @@ def test_estimate_equals_the_ledger_with_qgz(corpus, stage, flags):
     assert held == {k: getattr(est, k) for k in held}
     assert buffers["qgz_send"] == buffers["qgz_recv"] > 0
     assert ("qgz_send (lane 1)" in buffers) == ("--overlap-comm" in flags)
+
+
+def _round_trip(kind: str, x: np.ndarray) -> np.ndarray:
+    """x (one block) quantized and dequantized by qwZ's kernel or qgZ's in int8 / int4."""
+    if kind == "qwz":
+        return quantized_copy(x, x.size)
+    return quantized_rows(x[None, :], np.array([0], np.int64), int(kind[-1]))[0]
+
+
+KINDS = [("qwz", 127), ("qgz8", 127), ("qgz4", 7)]
+
+
+@pytest.mark.parametrize("kind, qmax", KINDS)
+def test_the_error_bound_holds_from_the_smallest_subnormal_to_large_values(kind, qmax):
+    """error_bound (half a step, float32's roundings, and the absolute part a subnormal
+    scale adds) holds for blocks of amax 2^-149 to 2^100, values drawn and values on
+    the half steps; the half step alone holds wherever the scale is normal."""
+    rng = np.random.default_rng(7)
+    for exponent in range(-149, 101, 3):
+        for _ in range(4):
+            amax = np.float32(2.0**exponent * rng.uniform(1, 2))
+            x = (rng.uniform(-1, 1, 257) * amax).astype(np.float32)
+            x[:2] = amax, -amax
+            x[2:10] = (np.arange(8) + 0.5) * amax / qmax  # on the half steps
+            x = x.astype(np.float32)
+            real = float(np.abs(x).max())
+            err = float(np.max(np.abs(_round_trip(kind, x).astype(np.float64) - x)))
+            assert err <= error_bound(real, qmax), (exponent, err, real)
+            if real >= qmax * 2.0**-126:  # a normal scale: the half step, to float32's roundings
+                assert err <= real / (2 * qmax) * (1 + (4 * qmax + 2) * 2.0**-24)
+
+
+@pytest.mark.parametrize(
+    "kind, qmax, zero_up_to", [(k, q, 63 if q == 127 else 3) for k, q in KINDS]
+)
+def test_below_the_threshold_the_scale_is_zero_and_every_value_is_zero(kind, qmax, zero_up_to):
+    """amax / qmax <= 2^-150 rounds the scale to 0 (int8: amax <= 63 x 2^-149, int4: 3 x
+    2^-149): every value is 0, an error of amax, 2 qmax half steps but within
+    error_bound; one subnormal more and the scale is 2^-149, the values kept."""
+    tiny = np.float32(2.0**-149)
+    low = np.array([zero_up_to, -1, 2, 0], np.float32) * tiny
+    np.testing.assert_array_equal(_round_trip(kind, low), 0)
+    assert zero_up_to * 2.0**-149 <= error_bound(zero_up_to * 2.0**-149, qmax)
+    above = np.array([zero_up_to + 1, -1, 2, 0], np.float32) * tiny
+    np.testing.assert_array_equal(_round_trip(kind, above), above)
+
+
+@pytest.mark.parametrize("kind, qmax, m", [("qwz", 127, 177), ("qgz8", 127, 177), ("qgz4", 7, 10)])
+def test_a_subnormal_scale_breaks_the_half_step_by_its_clip(kind, qmax, m):
+    """amax = m x 2^-149 with m / qmax < 1.5: the scale rounds to 2^-149 and the largest
+    value is clipped to qmax x 2^-149, m - qmax subnormals off: over 4 half steps of
+    amax / qmax, within error_bound's absolute part."""
+    tiny = np.float32(2.0**-149)
+    x = np.array([m, 1, 0, 0], np.float32) * tiny
+    err = abs(float(_round_trip(kind, x)[0]) - m * 2.0**-149)
+    assert err == (m - qmax) * 2.0**-149 > 4 * m * 2.0**-149 / (2 * qmax)
+    assert err <= error_bound(m * 2.0**-149, qmax)

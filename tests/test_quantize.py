@@ -17,13 +17,14 @@ from mpi4py import MPI
 
 from tests.mpi_pool import REPO, mpi_env, mpirun_command, run_watched
 from tests.test_parity import MLP, QWZ, check_bitwise, pinned, run
-from zero_ref.app.cli import parse_args
+from zero_ref.app.cli import UsageError, parse_args
 from zero_ref.app.rank_estimate import estimate_for
+from zero_ref.app.run_setup import prepare
 from zero_ref.comm.choose import comm_for
 from zero_ref.config import ZeroConfig
 from zero_ref.engine.init_source import RandomInit
 from zero_ref.engine.ladder import make_engine
-from zero_ref.layout.flat import build_layout
+from zero_ref.layout.flat import build_layout, check_block_fits
 from zero_ref.models.gpt import GPT, GPTConfig
 from zero_ref.quantize import (
     NonFiniteParameterError,
@@ -154,6 +155,33 @@ def test_layout_align_pads_units_to_whole_blocks_per_rank():
     assert build_layout(units, 3).units[0].padded_numel == 186  # align 1: today's
     with pytest.raises(ValueError, match="align=0"):
         build_layout(units, 2, align=0)
+
+
+def test_a_block_past_the_largest_unit_is_refused_with_the_padding_it_costs():
+    """From the largest unit's size up every unit is one block: a larger block changes no
+    quantized value, only pads each unit to W x block. The largest unit's size is allowed,
+    one more is not, and the message says what the padding would be."""
+    check_block_fits([10, 40, 25], 4, 40)
+    check_block_fits([10, 40, 25], 4, 1)
+    # plain: 12 + 40 + 28 = 80 elements at 4 ranks; at 4 x 41 each unit is 164
+    with pytest.raises(ValueError, match=r"quantize_block 41 .*\(40 elements\).*80 .*492 "):
+        check_block_fits([10, 40, 25], 4, 41)
+    with pytest.raises(ValueError, match=r"allowed: 1 to 7"):
+        check_block_fits([7], 3, 8)
+
+
+def test_the_command_line_refuses_a_block_past_the_model_before_training(tiny_corpus):
+    """zero_ref.train's setup (run_setup.prepare) refuses qwZ's --quantize-block past the
+    largest unit, before any engine exists; qgZ alone pads nothing and takes any block."""
+    base = ["--data", tiny_corpus, "--model", "gpt", "--d-model", "16", "--n-layer", "2"]
+    base += ["--n-head", "2", "--context", "8", "--batch-size", "8", "--stage", "3"]
+    job = prepare(parse_args([*base, "--quantized-weights", "--quantize-block", "1"], 4), 4)
+    largest = max(sum(s.numel for s in u.param_specs()) for u in job.task.model.units)
+    prepare(parse_args([*base, "--quantized-weights", "--quantize-block", str(largest)], 4), 4)
+    too_big = parse_args([*base, "--quantized-weights", "--quantize-block", str(largest + 1)], 4)
+    with pytest.raises(UsageError, match=f"--quantize-block: quantize_block {largest + 1:,} "):
+        prepare(too_big, 4)
+    prepare(parse_args([*base, "--quantized-gradients", "--quantize-block", "100000"], 4), 4)
 
 
 @pytest.mark.parametrize(

@@ -148,8 +148,9 @@ def _sample(s: Setting, key: str):
 @pytest.mark.parametrize("key", sorted(DS_KEYS))
 def test_every_deepspeed_key_sets_its_setting(key):
     s = DS_KEYS[key]
-    parsed = parse_config(_nested(key, _sample(s, key)))
-    assert list(parsed.settings) == [s.dest], key
+    sample = _sample(s, key)
+    parsed = parse_config(_nested(key, sample))
+    assert list(parsed.settings) == [s.dest, *s.implied_by(sample)], key
     assert not (parsed.unknown or parsed.not_implemented or parsed.no_effect), key
     assert key in s.ds
 

@@ -174,7 +174,8 @@ class ZeroConfig:
                   their first gather until the update (stage3_param_persistence_threshold).
     quantized_weights  stage 3 (ZeRO++'s qwZ, zero_quantized_weights): each unit's forward
                   all-gather sends every rank's slice as int8 with one float32 scale per
-                  block (zero_ref/quantize.py); backward gathers full precision.
+                  block (zero_ref/quantize.py); backward gathers full precision, or with
+                  hpZ reads forward's dequantized values from the secondary copy.
     quantize_block  elements per quantization block; with quantized_weights each unit
                   is padded to a multiple of world size * quantize_block, so blocks never
                   straddle two ranks' slices and results do not depend on the world size.
@@ -184,7 +185,8 @@ class ZeroConfig:
                   grid, zero_ref/layout/grad_blocks.py) through an Alltoall; each rank
                   dequantizes, sums in rank order in float32 and rounds once.
     quantized_gradient_bits  qgZ's bits: 8 (int8, levels -127..127) or 4 (int4, levels
-                  -7..7, two values a byte: ZeRO++'s and DeepSpeed's choice for gradients).
+                  -7..7, two values a byte: ZeRO++'s and DeepSpeed's bits for gradients;
+                  DeepSpeed's levels are -8..7).
     quantized_gradient_local_size  qgZ's hops (ZeRO++ Sec. 3.3, DeepSpeed's
                   all_to_all_quant_reduce): "host" (the default: the ranks sharing a host,
                   MPI's shared-memory split) or an integer L dividing the ranks qgZ sums
@@ -198,7 +200,9 @@ class ZeroConfig:
                   secondary copy of the parameters sharded over each group of G
                   consecutive ranks, and backward's all-gathers run in the group from it;
                   "host": the groups are the ranks sharing a host (MPI's shared-memory
-                  split). Values do not change (zero_ref/engine/secondary_copy.py).
+                  split). Without qwZ values do not change; with it the copy holds
+                  forward's dequantized values, which backward then reads
+                  (zero_ref/engine/secondary_copy.py).
     hybrid_shard_size  stages 1-3, hybrid sharding (FSDP's HYBRID_SHARD, DeepSpeed MiCS's
                   mics_shard_size): None is off (ZeRO over the whole world); an integer G
                   (dividing the world size, checked by the engine) runs ZeRO inside each

@@ -16,6 +16,18 @@ scale is subnormal (amax < 127 * 2^-126): its rounding can then be far enough be
 amax/127 that |x / scale| passes 127.5; for every normal scale |x / scale| <= 127
 to within one float32 ulp and rint gives at most 127.
 
+How far x' is from x (`error_bound`, for qmax = 127 here and 7 in int4): half a step,
+amax / (2 qmax), is the bound only where the scale is a normal float32, and even there
+only up to the roundings of the scale, the ratio and the product, a relative
+(4 qmax + 2) 2^-24 (int8 1.00003x, int4 1.000002x). Below that the scale is a multiple
+of 2^-149, off amax / qmax by up to 2^-150, and the clip can take a whole step off the
+largest values: the error then has an absolute part of up to (qmax + 1) 2^-150 (int8:
+2^-143, int4: 2^-147) beyond the half step. At the bottom the scale itself rounds to 0,
+where amax / qmax <= 2^-150 (int8: amax <= 63 x 2^-149, int4: amax <= 3 x 2^-149), and
+every value quantizes to 0: an error of amax, 2 qmax times the half step, still within
+that absolute part. Only blocks of values below 2^-119 (int8) or 2^-123 (int4) meet
+these; tests/test_qgz.py checks the bound and both thresholds in both kernels.
+
 A NaN or Inf anywhere in a block has no meaningful scale (amax/127 is Inf or NaN,
 and every value in the block would dequantize to NaN), and a block whose amax is so
 close to float32's largest value that 127 * scale rounds up to Inf cannot be
@@ -36,6 +48,13 @@ SCALE_BYTES = 4  # one float32 scale per block
 
 class NonFiniteParameterError(ValueError):
     """A block to quantize holds a NaN or Inf."""
+
+
+def error_bound(amax: float, qmax: int = QMAX) -> float:
+    """The most |x - x'| can be in a block whose largest |x| is amax, levels -qmax..qmax:
+    half a step, widened by float32's three roundings, plus what a subnormal (or zero)
+    scale adds (the module's docstring)."""
+    return amax / (2 * qmax) * (1 + (4 * qmax + 2) * 2.0**-24) + (qmax + 1) * 2.0**-150
 
 
 def check_blocks(numel: int, block: int) -> int:

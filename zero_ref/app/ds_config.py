@@ -49,6 +49,8 @@ def _set(out: ParsedConfig, key: str, value: Any) -> None:
     parsed = setting.parse_ds(key, value)
     if parsed is not None:
         out.settings[setting.dest] = parsed
+    for dest, meant in setting.implied_by(parsed).items():
+        out.settings.setdefault(dest, meant)  # the flags override the file (app/cli.py)
 
 
 # DeepSpeed keys read, not built: true is reported as not implemented (no effect), false

@@ -154,7 +154,7 @@ def _volume_lines(
         if k > 1:
             why.append(f"{k} micro-steps")
         if isinstance(gathers, HierarchicalGathers):
-            across, inside = hpz_sent_bytes(unit_numels, world, k, sizes, gathers)
+            across, inside = hpz_sent_bytes(unit_numels, world, k, sizes, gathers, grad_blocks)
             if gathers.block is not None:
                 why.append(f"qwZ: first gathers in int8 + a float32 scale per {gathers.block}")
             why.append(

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from zero_ref.app.cli import Parsed
+from zero_ref.app.cli import Parsed, UsageError
 from zero_ref.app.data import CharVocab, encode_corpus, load_text
 from zero_ref.app.output_paths import check_output_paths, output_paths, remove_stale_temporaries
 from zero_ref.app.progress import Progress
@@ -21,6 +21,8 @@ from zero_ref.checkpoint.reader import Checkpoint
 from zero_ref.engine.init_source import FileInit, InitSource, RandomInit
 from zero_ref.io.metrics_log import JsonlLog
 from zero_ref.io.trace import Trace
+from zero_ref.layout.flat import check_block_fits
+from zero_ref.memory_formulas import shard_world_of
 
 
 class Prepared(NamedTuple):
@@ -44,6 +46,7 @@ def prepare(parsed: Parsed, world: int, trace: Trace | None = None) -> Prepared:
     vocab, tokens = encode_corpus(load_text(run.data))
     task = build_task(run, vocab, tokens, world, zero.grad_accum)
     task.batches(0)  # a corpus too short for one batch fails here, on every rank alike
+    _check_quantize_block(zero, task.model, world)
     checkpoint = None
     if run.resume:
         checkpoint = open_checkpoint(parsed, task.model, trace)  # before any state exists
@@ -53,6 +56,18 @@ def prepare(parsed: Parsed, world: int, trace: Trace | None = None) -> Prepared:
     else:
         init = RandomInit(task.model, run.seed)
     return Prepared(task, init, vocab, tokens, checkpoint)
+
+
+def _check_quantize_block(zero, model, world: int) -> None:
+    """qwZ's --quantize-block must fit the model's largest unit (layout.flat
+    check_block_fits); qgZ alone pads nothing (its blocks are cut at unit edges)."""
+    if not zero.quantized_weights:
+        return
+    units = [sum(s.numel for s in unit.param_specs()) for unit in model.units]
+    try:
+        check_block_fits(units, shard_world_of(zero, world), zero.quantize_block)
+    except ValueError as e:
+        raise UsageError(f"--quantize-block: {e}") from None
 
 
 def warm_up(comm) -> None:

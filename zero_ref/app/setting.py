@@ -69,6 +69,9 @@ class Setting:
     feeds       "Class.field" it becomes; `to_config(value, settings)` converts it
     flag        False: set only by a --config file (there is no --betas)
     default_text  what --help and the docs say the default is, where it is derived
+    ds_implies  what a value of its DeepSpeed key means there beyond this setting:
+                (value, {dest: value}) pairs, applied unless a flag sets that dest
+                (zero_quantized_gradients true is int4 in DeepSpeed)
     """
 
     dest: str
@@ -89,6 +92,7 @@ class Setting:
     flag: bool = True
     default_text: str | None = None
     library_differs: str | None = None
+    ds_implies: tuple[tuple[Any, Mapping[str, Any]], ...] = ()
 
     def __post_init__(self) -> None:
         if self.default is LIBRARY:
@@ -106,6 +110,10 @@ class Setting:
     def parse_ds(self, key: str, value: Any) -> Any:
         """A DeepSpeed key's value as this setting's, or ConfigError naming the key."""
         return self.ds_parser()(key, value)
+
+    def implied_by(self, parsed: Any) -> Mapping[str, Any]:
+        """The other settings a parsed DeepSpeed value means (ds_implies), or none."""
+        return next((more for value, more in self.ds_implies if value == parsed), {})
 
     def ds_parser(self) -> ds_values.Parser:
         if self.ds_parse is not None:

@@ -95,7 +95,8 @@ ENGINE = (
             "(docs/reliability.md)", bool, feeds=Z + "check_schedule"),
     Setting("quantized_weights", "engine", "stage 3, ZeRO++'s qwZ: each unit's forward "
             "all-gather in int8 with one float32 scale per --quantize-block elements, "
-            "dequantized on every rank; backward gathers full precision (docs/zeropp.md)",
+            "dequantized on every rank; backward gathers full precision, or with hpZ reads "
+            "forward's dequantized values from the secondary copy (docs/zeropp.md)",
             bool, ds=(ZO + "zero_quantized_weights",), feeds=Z + "quantized_weights"),
     Setting("quantize_block", "engine", "elements per qwZ block (one scale each); every "
             "unit is padded to a multiple of world size x block, so blocks never straddle "
@@ -103,14 +104,21 @@ ENGINE = (
             "its CUDAQuantizer picks groups near 8000 elements of each rank's partition)",
             int, minimum=1, cli_range=False, feeds=Z + "quantize_block"),
     Setting("quantized_gradients", "engine", "stages 1-3, ZeRO++'s qgZ: each gradient "
-            "bucket's reduce-scatter as int8 blocks (one float32 scale per --quantize-block "
-            "elements at most) through an Alltoall, dequantized and summed in rank order in "
-            "float32 (docs/zeropp.md)",
-            bool, ds=(ZO + "zero_quantized_gradients",), feeds=Z + "quantized_gradients"),
+            "bucket's reduce-scatter as int8 (or int4: --quantized-gradient-bits) blocks "
+            "(one float32 scale per --quantize-block elements at most) through an Alltoall, "
+            "dequantized and summed in rank order in float32 (docs/zeropp.md). The flag "
+            "alone is int8; the DeepSpeed key true is int4, DeepSpeed's",
+            bool, ds=(ZO + "zero_quantized_gradients",), feeds=Z + "quantized_gradients",
+            # DeepSpeed's qgZ is always int4: all_to_all_quant_reduce passes 4 bits to every
+            # quantizer call (deepspeed/runtime/comm/coalesced_collectives.py at edaa722,
+            # lines 57, 64-66, 71-72), and it has no key for the bits
+            ds_implies=((True, {"quantized_gradient_bits": 4}),)),
     Setting("quantized_gradient_bits", "engine", "qgZ's bits: 8 (int8, levels -127..127) "
             "or 4 (int4, levels -7..7, two values a byte: half the bytes, a 18x coarser step). "
-            "DeepSpeed has no key: its qgZ always sends int4, so pass 4 to match it",
-            int, choices=(8, 4), feeds=Z + "quantized_gradient_bits"),
+            "DeepSpeed has no key: its qgZ always sends int4 (levels -8..7), so a --config "
+            "that turns zero_quantized_gradients on means 4 unless this flag says 8",
+            int, choices=(8, 4), feeds=Z + "quantized_gradient_bits",
+            default_text="8; 4 where a --config turns zero_quantized_gradients on"),
     Setting("quantized_gradient_local_size", "engine", "qgZ's hops: groups of this many "
             "consecutive ranks ('host': the ranks sharing a host) sum each bucket inside "
             "the group first, then requantize and cross to the other groups, as "

@@ -256,11 +256,7 @@ def expected_sent_bytes(
         params = expected_sent_bytes(
             stage, unit_numels, world_size, grad_accum, no_grads, skipped, after_skipped, gathers
         )
-        if isinstance(grad_blocks, GradientWire):
-            row = grad_blocks.row_bytes
-        else:
-            row = psi // world_size + 4 * grad_blocks  # int8: a byte a value
-        return params + k * (world_size - 1) * row
+        return params + qgz_sent_bytes(psi, world_size, grad_accum, grad_blocks)
     if stage < 3:
         return int(fraction * psi * (k * sizes.comm + (0 if skipped else sizes.param)))
     if isinstance(gathers, HierarchicalGathers):
@@ -279,17 +275,33 @@ def expected_sent_bytes(
     return int(fraction * (sizes.param * gathered + sizes.comm * k * psi))
 
 
+def qgz_sent_bytes(
+    psi: int, world_size: int, grad_accum: int, grad_blocks: int | GradientWire
+) -> int:
+    """qgZ's gradient bytes one rank sends per step: (W-1) destination rows a micro-step,
+    each its packed values and a float32 scale a block (a GradientWire's row_bytes; an
+    int alone: int8's psi / W values and that many blocks)."""
+    if isinstance(grad_blocks, GradientWire):
+        row = grad_blocks.row_bytes
+    else:
+        row = psi // world_size + 4 * grad_blocks  # int8: a byte a value
+    return grad_accum * (world_size - 1) * row
+
+
 def hpz_sent_bytes(
     unit_numels: Sequence[int],
     world_size: int,
     grad_accum: int,
     sizes: ElementBytes,
     gathers: HierarchicalGathers,
+    grad_blocks: int | GradientWire | None = None,
 ) -> tuple[int, int]:
     """Stage 3 with hpZ, bytes one rank sends per step: (across the world: the
     gradients' reduce-scatter and the gathers from the primary shards, inside the
     partition group: the gathers from the secondary copy). Across hosts, when the
-    groups are the hosts, only the first part travels."""
+    groups are the hosts, only the first part travels. With qgZ (`grad_blocks`, as
+    expected_sent_bytes takes it) the gradients are its quantized rows, not a
+    reduce-scatter in sizes.comm."""
     psi, world = sum(unit_numels), (world_size - 1) / world_size
     full = sum(n * c for n, c in zip(unit_numels, gathers.full, strict=True))
     quantized = sum(
@@ -298,8 +310,11 @@ def hpz_sent_bytes(
         if c
     )
     group = sum(n * c for n, c in zip(unit_numels, gathers.group, strict=True))
-    across = int(world * (sizes.param * full + quantized + sizes.comm * grad_accum * psi))
     inside = int((gathers.group_size - 1) / gathers.group_size * sizes.param * group)
+    if grad_blocks is not None:
+        across = int(world * (sizes.param * full + quantized))
+        return across + qgz_sent_bytes(psi, world_size, grad_accum, grad_blocks), inside
+    across = int(world * (sizes.param * full + quantized + sizes.comm * grad_accum * psi))
     return across, inside
 
 

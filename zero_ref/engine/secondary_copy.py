@@ -5,12 +5,15 @@ the group, without crossing to another host.
 
 What it holds and when (DeepSpeed's _partition_param_sec in partition_parameters.py
 builds ds_secondary_tensor from the gathered parameter when it is released, and
-stage3.py's invalidate_secondary_tensor drops it after every step and on a checkpoint
-load): the first gather of unit i after an update (the primary, across the world) is
-written, this rank's group slice of it, into the copy; from then on until the next
-update every gather of unit i (backward's, and later micro-steps' forwards) comes from
-the copy, inside the group. No extra collective builds it, and it is never saved: a
-resumed run rebuilds it from its first forward.
+stage3.py's invalidate_secondary_tensor drops it after every step and, through
+checkpoint_event_epilogue, after every checkpoint load, save and 16-bit export;
+docs/zeropp.md cites the lines): the first gather of unit i after an update (the
+primary, across the world) is written, this rank's group slice of it, into the copy;
+from then on until the next update every gather of unit i (backward's, and later
+micro-steps' forwards) comes from the copy, inside the group. No extra collective
+builds it, and it is never saved: a resumed run rebuilds it from its first forward
+(zero_ref drops it after an update and when the shards are filled from a checkpoint;
+a save or an export changes no value and keeps it).
 
 With qwZ the first gather is forward's int8 one, so the copy holds the dequantized
 values (as DeepSpeed's, built from param.data after the quantized gather) and backward

@@ -10,10 +10,11 @@ more buffers while this one computes (the prefetch: zero_ref/engine/
 gathered_unit.py), within the plan's budget; units under the persistence
 threshold keep a buffer of their own.
 
-With qwZ (cfg.quantized_weights, ZeRO++) the forward gathers send int8 and block
-scales instead (zero_ref/engine/quantized_gather.py) and backward gathers full
-precision, as DeepSpeed's stage 3 does: its backward all-gather is unquantized
-unless hpZ's secondary copy serves it.
+With qwZ (cfg.quantized_weights, ZeRO++ Sec. 3.1) the forward gathers send int8 and
+block scales instead (zero_ref/engine/quantized_gather.py) and backward gathers full
+precision, as the paper has it. DeepSpeed's stage 3 quantizes backward's gathers too
+(partitioned_param_coordinator.py's __all_gather_params passes the same quantize flag
+in both passes); docs/zeropp.md compares the two.
 
 With hpZ (cfg.hpz_partition_size, ZeRO++) a secondary copy sharded over each partition
 group (zero_ref/engine/secondary_copy.py) is filled from each unit's first gather after

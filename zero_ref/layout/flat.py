@@ -179,6 +179,25 @@ def layout_align(cfg) -> int:
     return cfg.quantize_block if getattr(cfg, "quantized_weights", False) else 1
 
 
+def check_block_fits(unit_numels: Sequence[int], world_size: int, block: int) -> None:
+    """qwZ's block against the model (unit_numels: each unit's real elements). Block b of
+    a unit is its elements [b block, (b+1) block), so from the largest unit's size up
+    every unit is one block and a larger block quantizes nothing differently: it only
+    pads every unit to world_size x block. Refused there, with what the padding costs."""
+    largest = max(unit_numels, default=0)
+    if block <= largest:
+        return
+    plain = sum(padded_numel(n, world_size) for n in unit_numels)
+    padded = sum(padded_numel(n, world_size * block) for n in unit_numels)
+    raise ValueError(
+        f"quantize_block {block:,} is larger than the largest unit ({largest:,} elements): "
+        f"every unit is one block from {largest:,} up, and aligning each unit to a multiple "
+        f"of {world_size} x {block:,} (ranks x block) would pad the model's {plain:,} elements to "
+        f"{padded:,} ({padded / max(plain, 1):.1f}x) in every rank's parameter, gradient "
+        f"and optimizer shards and on the wire; allowed: 1 to {largest:,}"
+    )
+
+
 def tensor_views(unit_buffer: np.ndarray, unit: UnitLayout) -> dict[str, np.ndarray]:
     """Named views into a unit's flat range (no copies: np.shares_memory holds)."""
     return {s.name: unit_buffer[s.offset : s.offset + s.numel].reshape(s.shape) for s in unit.slots}
