@@ -158,6 +158,7 @@ def save(fig: plt.Figure, out: Path) -> Path:
     problems = outside_axes(fig)
     if problems:
         raise SystemExit(f"{out}: drawn outside its axes: " + "; ".join(problems))
+    out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out

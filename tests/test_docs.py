@@ -338,20 +338,12 @@ def test_architecture_names_only_what_the_code_defines():
     assert sorted(named - defined) == []
 
 
-# docs/zeropp.md's commands are another engineer's to change (issue 30 item 5 (a)); its
-# plot_zeropp.py command still draws into docs/img/. Remove it from here once it does not.
-OVERWRITES_ELSEWHERE = ("docs/zeropp.md",)
-
-
 @pytest.mark.parametrize("page", __import__("tests.doc_commands").doc_commands.PAGES)
 def test_no_command_overwrites_a_tracked_figure(page, tmp_path, monkeypatch):
     """A reader running the page's commands never overwrites docs/img/*.png: no
     command names a path there, and no script's default writes there (drawing a
     figure into docs/img/ is for regenerating it on purpose, a flag away)."""
     from tests.doc_commands import Command, steps_of
-
-    if page in OVERWRITES_ELSEWHERE:
-        pytest.skip(f"{page}'s commands are changed by another part of issue 30")
 
     clone = fresh_clone(tmp_path / "clone")
     monkeypatch.chdir(clone)
