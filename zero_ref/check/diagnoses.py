@@ -80,6 +80,14 @@ def micro_batch_counted_twice(spec, record, state, plan) -> list[Plan]:
     return [_rows(plan, j, 2.0) for j in range(a)] if a > 1 else []
 
 
+def token_mean_per_micro_batch(spec, record, state, plan) -> list[Plan]:
+    """A global token mean declared, but each micro-batch's loss averaged over its own
+    tokens and the micro-batches weighted equally (loss / A), whatever their tokens."""
+    if spec.normalization != "weighted":
+        return []
+    return [replace(plan, weights=np.full_like(plan.weights, 1.0 / plan.weights.size))]
+
+
 def grads_not_zeroed(spec, record, state, plan) -> list[Plan]:
     """zero_grad missing: last step's gradient still in .grad when this one accumulates."""
     return [replace(plan, add_previous=True)] if state.previous_grad else []
@@ -230,6 +238,12 @@ CATALOGUE: dict[str, Hypothesis] = {
     ),
     "micro_batch_counted_twice": Hypothesis(
         micro_batch_counted_twice, "one micro-step's gradient is added twice"
+    ),
+    "token_mean_per_micro_batch": Hypothesis(
+        token_mean_per_micro_batch,
+        "each micro-batch's loss is a mean over its own tokens and the micro-batches count "
+        "equally, instead of the mean over the step's tokens",
+        persistent=True,
     ),
     "grads_not_zeroed": Hypothesis(
         grads_not_zeroed, "the previous step's gradient is still in .grad (zero_grad missing)"
