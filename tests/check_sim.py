@@ -115,8 +115,8 @@ def simulate(run: SimRun, steps: int):
         )
         if "grads_not_zeroed" not in run.bugs:
             leftover = {k: np.zeros(s, F) for k, s in run.shapes.items()}
-        else:
-            leftover = acc
+        else:  # .grad as the step left it: unscaled and clipped in place
+            leftover = {k: applied.get(k, np.zeros(s, F)).copy() for k, s in run.shapes.items()}
         if run.scaler:
             scale, tracker = _scaler_update(run, scale, tracker, found_inf)
         yield record

@@ -94,9 +94,25 @@ def test_a_persistent_bug_that_earlier_steps_rule_out_is_not_named():
     assert flagged.diagnoses == ("unscale_with_updated_scale",)
 
 
-def test_later_steps_point_back_to_the_first():
-    verdicts = _verdicts(SimRun(bugs=frozenset({"world_not_divided"})), 3)
-    assert verdicts[2].since == 1 and "step 1" in str(verdicts[2])
+def test_later_steps_point_back_to_the_first_and_keep_its_diagnosis():
+    """After the first flagged step each diagnosis follows its own trajectory: a kept
+    convention (a factor every step) and a bug that struck once (a reset at step 6, the
+    steps after it correct from the reset state) are both named again later."""
+    verdicts = _verdicts(SimRun(bugs=frozenset({"world_not_divided"})), 4)
+    assert [v.since for v in verdicts] == [None, 1, 1, 1] and "step 1" in str(verdicts[2])
+    assert all(v.diagnoses == ("world_not_divided",) for v in verdicts)
+    verdicts = _verdicts(SimRun(resume_at=6, bugs=frozenset({"state_reset_on_resume"})), 9)
+    assert [v.ok for v in verdicts] == [True] * 5 + [False] * 4
+    assert all(v.diagnoses == ("state_reset_on_resume",) for v in verdicts[5:])
+
+
+def test_a_step_back_on_track_starts_afresh():
+    """Clipping hides a halved gradient from the update: steps 4 and 5 pass, step 6 (the
+    scale grows again) is flagged on its own, not as following step 3."""
+    run = SimRun(scaler=True, growth_interval=3, bugs=frozenset({"unscale_with_updated_scale"}))
+    verdicts = _verdicts(run, 6)
+    assert [v.ok for v in verdicts] == [True, True, False, True, True, False]
+    assert verdicts[5].since is None and verdicts[5].diagnoses == ("unscale_with_updated_scale",)
 
 
 def _context(run: SimRun, steps_before: int = 0):
