@@ -100,6 +100,7 @@ def torch_run(kind: str, impl: str, steps: int, clip: float | None, seed: int = 
     """(initial parameters, StepRecords) of `steps` torch.optim steps on random gradients."""
     rng = np.random.default_rng(seed)
     init = {k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()}
+    init["b"][:] = 0  # a bias starting at zero: only the update's own roundings are left
     params = {k: torch.nn.Parameter(torch.from_numpy(v.copy())) for k, v in init.items()}
     groups = _groups_for(kind, params)
     opt = _optimizer(kind, impl, groups)
