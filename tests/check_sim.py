@@ -38,6 +38,8 @@ class SimRun:
     schedule: tuple[float, ...] | None = None
     bugs: frozenset[str] = frozenset()
     normalization: str = "mean"  # the user's declared loss; "weighted": by token counts
+    reduce_dtype: str = "float32"  # "bfloat16": the all-reduce rounds to bf16 (FSDP2's policy)
+    declare_reduce_dtype: str | None = None  # what the spec says (None: reduce_dtype)
     resume_at: int | None = None  # for state_reset_on_resume
     seed: int = 0
     shapes: dict[str, tuple[int, ...]] = field(
@@ -69,6 +71,7 @@ class SimRun:
             scaler=ScalerSpec(growth_interval=self.growth_interval) if self.scaler else None,
             lr_schedule=self.schedule,
             normalization=self.normalization,
+            reduce_dtype=self.declare_reduce_dtype or self.reduce_dtype,
         )
 
 
@@ -186,11 +189,23 @@ def _reduce(run, micro, leftover) -> dict[str, np.ndarray]:
     produced = {k for ranks in micro for grads in ranks for k in grads} | set(
         leftover_names(leftover)
     )
-    total = {k: sum((per_rank[r][k] for r in range(1, n)), per_rank[0][k]) for k in produced}
+    wire = _bf16 if run.reduce_dtype == "bfloat16" else (lambda x: x)
+    total = {}
+    for k in produced:  # rank order, every partial sum rounded to the wire's dtype
+        total[k] = wire(per_rank[0][k])
+        for r in range(1, n):
+            total[k] = wire(total[k] + wire(per_rank[r][k]))
     if "world_not_divided" in run.bugs or run.normalization == "sum":
         return total
     div = F(n * n) if "world_divided_twice" in run.bugs else F(n)
-    return {k: (v / div).astype(F) for k, v in total.items()}
+    return {k: wire((v / div).astype(F)) for k, v in total.items()}
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 -> float32, round to nearest even (finite values)."""
+    bits = np.ascontiguousarray(x, F).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.astype(np.uint32).view(F).reshape(np.shape(x))
 
 
 def leftover_names(leftover: dict[str, np.ndarray]) -> list[str]:
