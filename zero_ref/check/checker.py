@@ -3,7 +3,7 @@
 Checker keeps the oracle's state (oracle_step.py) from the run's initial parameters,
 takes the run's steps in order, and returns a Verdict per step: the first quantity
 outside its bound (compare.py), and when there is one, the names of the catalogue's
-hypotheses (diagnoses.py) that reproduce the step. This is the paper's claim that
+hypotheses (diagnoses.py) that reproduce the step (retry.py). This is the paper's claim that
 ZeRO changes where the state lives, never the math (Sec. 5), checked on a run that is
 not zero_ref's: whatever the framework, the step must equal the single-rank one.
 """
@@ -15,10 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from zero_ref.check.compare import Mismatch, compare
-from zero_ref.check.diagnoses import CATALOGUE, StepContext, diagnose, follow
+from zero_ref.check.diagnoses import CATALOGUE
 from zero_ref.check.oracle_step import OracleState, initial_state, oracle_step
 from zero_ref.check.plan import default_plan
 from zero_ref.check.record import RecordError, RunSpec, StepRecord, validate_record
+from zero_ref.check.retry import StepContext, diagnose, follow
 
 __all__ = ["Checker", "Mismatch", "Verdict"]
 
