@@ -196,6 +196,16 @@ def unscale_with_updated_scale(
     return [replace(plan, grad_factor=used / updated)] if updated != used else []
 
 
+def clip_before_unscale(
+    spec: RunSpec, record: StepRecord, state: OracleState, plan: Plan
+) -> list[Plan]:
+    """fp16: clip_grad_norm_ ran on the scaled gradients (no scaler.unscale_ before it), so
+    its norm is the scale times too large and the clip far too strong."""
+    if spec.scaler is None or record.scale is None or plan.clip != "global":
+        return []
+    return [replace(plan, norm_factor=float(record.scale))]
+
+
 def lr_one_step_early(
     spec: RunSpec, record: StepRecord, state: OracleState, plan: Plan
 ) -> list[Plan]:
@@ -323,6 +333,12 @@ CATALOGUE: dict[str, Hypothesis] = {
     "unscale_with_updated_scale": Hypothesis(
         unscale_with_updated_scale,
         "fp16 gradients are unscaled with the loss scale after its update",
+    ),
+    "clip_before_unscale": Hypothesis(
+        clip_before_unscale,
+        "the gradients are clipped while still scaled by the GradScaler "
+        "(clip_grad_norm_ before scaler.unscale_)",
+        persistent=True,
     ),
     "lr_one_step_early": Hypothesis(
         lr_one_step_early,
