@@ -47,14 +47,7 @@ class Verdict:
     def __str__(self) -> str:
         if self.ok:
             return f"step {self.step}: ok (within the bound)"
-        m = self.first
-        where = f"{m.name}[{', '.join(map(str, m.index))}]" if m.index else m.name
-        head = (
-            f"step {self.step}: {WHAT[m.quantity]} is outside the bound"
-            f"{f' at {where}' if where else ''}: "
-            f"run {m.run:.9g}, oracle {m.oracle:.9g}, |difference| {abs(m.run - m.oracle):.3g}, "
-            f"bound {m.bound:.3g}."
-        )
+        head = f"step {self.step}: {_mismatch_words(self.first)}"
         if self.since is not None:
             head += (
                 f" (the run left the oracle at step {self.since}; read that step first: "
@@ -68,6 +61,25 @@ class Verdict:
         says = [f"{name}: {CATALOGUE[name].says}" for name in self.diagnoses]
         lead = "Matches the oracle if" if len(says) == 1 else "Matches the oracle under each of"
         return f"{head} {lead} {'; or '.join(says)}."
+
+
+def _mismatch_words(m: Mismatch) -> str:
+    """The first sentence of a flagged step's paragraph."""
+    if m.quantity == "skipped":
+        did, should = ("skipped", "have stepped") if m.run else ("stepped", "have skipped")
+        why = "" if m.run else " (its gradient has an Inf or NaN)"
+        return f"the run {did} this step, which the GradScaler should {should}{why}."
+    if m.quantity == "applied_grad" and m.run != m.run and m.bound == 0.0:
+        return (
+            f"{m.name} had no gradient at optimizer.step, where the oracle has one "
+            f"({m.oracle:.9g} at [{', '.join(map(str, m.index))}])."
+        )
+    where = f"{m.name}[{', '.join(map(str, m.index))}]" if m.index else m.name
+    return (
+        f"{WHAT[m.quantity]} is outside the bound{f' at {where}' if where else ''}: "
+        f"run {m.run:.9g}, oracle {m.oracle:.9g}, |difference| {abs(m.run - m.oracle):.3g}, "
+        f"bound {m.bound:.3g}."
+    )
 
 
 class Checker:
