@@ -8,6 +8,9 @@ DDP does): 2 ranks and 3 micro-steps, so that a factor of A and a factor of N di
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -52,6 +55,12 @@ def _verdicts(run: SimRun, steps: int):
 
 def test_the_cases_cover_the_catalogue():
     assert set(CASES) == set(dg.CATALOGUE)
+
+
+def test_the_reference_page_explains_every_diagnosis():
+    page = (Path(__file__).resolve().parents[1] / "docs" / "check_reference.md").read_text()
+    rows = re.findall(r"^\| `(\w+)` \|", page.split("## The diagnoses")[1], flags=re.M)
+    assert rows == list(dg.CATALOGUE)
 
 
 @pytest.mark.parametrize("bug", sorted(CASES))
