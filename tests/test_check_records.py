@@ -197,3 +197,15 @@ def test_checker_refuses_steps_out_of_order():
     checker.check(records[0])
     with pytest.raises(RecordError, match="step 3 after step 1"):
         checker.check(records[2])
+
+
+def test_the_checker_and_the_cli_need_no_torch():
+    """Reading and checking records imports nothing of torch (the extra stays optional)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import zero_ref.check.__main__, zero_ref.check.checker, "
+        "zero_ref.check.records_io; assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
