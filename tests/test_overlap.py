@@ -80,9 +80,7 @@ def gathered_numel(engine) -> int:
 
 @pytest.mark.parametrize("persistence", [0, 5, 6, 31])  # none, 5 < 5 is not, u5, u5 + u30
 @pytest.mark.parametrize("params", ["fp32", "bf16"])
-def test_the_engine_never_holds_more_gathered_parameters_than_the_live_budget(
-    persistence, params
-):
+def test_the_engine_never_holds_more_gathered_parameters_than_the_live_budget(persistence, params):
     """stage3_max_live_parameters bounds everything gathered a rank holds, the
     persistent units' buffers included, at budgets that bind: from the least allowed
     (the widest unit plus the persistent units) up past what the prefetch wants, at

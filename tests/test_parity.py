@@ -658,6 +658,31 @@ def test_fast_mode_within_tolerance(mpi_pools, drawn):
         check_memory(result, drawn["world"])
 
 
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"stage": 2, "grad_accum": 2},  # blocking: both hops in the bucket's call
+        {"stage": 3, "overlap": OVERLAP, "grad_accum": 1},  # the second hop at a boundary
+    ],
+)
+def test_qgz_two_hops_in_groups_of_3_at_6_ranks_is_bitwise_oracle(mpi_pools, changes):
+    """Two groups of 3 ranks: a group's partial is a + b + c, where the order of the
+    adds shows (with a + b alone it cannot: every other two-hop case has groups of 2).
+    Blocks of one element keep a partial's last bit through the second quantization
+    (tests/test_qgz_hops.py shows the orders give other bits there)."""
+    qgz = {"quantize_block": 1, "local": 3}
+    drawn = pinned(TINY_UNITS, world=6, qgz=qgz, steps=2, **changes)
+    result = run(mpi_pools, drawn)
+    check_bitwise(result)
+    check_memory(result, 6)
+    for step in result["ledger"]:  # both hops ran, every bucket
+        assert (
+            step["reduce_scatter_int8_local"]["calls"]
+            == step["reduce_scatter_int8_cross"]["calls"]
+            > 0
+        )
+
+
 @pytest.mark.parametrize("checkpoint", [False, True])
 def test_stage3_gpt_holds_at_most_one_gathered_branch(mpi_pools, checkpoint):
     """Parameter bytes never exceed the shard; one reused buffer holds the gathered unit."""
