@@ -5,7 +5,8 @@ prefetch depth, budget and persistence beside every other option); here, on thre
 ranks (tests/mpi_overlap_check.py): each non-blocking call is its blocking twin bit for
 bit, stage 2's staging lanes are never packed while in flight, stage 3 gathers one unit
 ahead within its plan and drops an unused prefetch; and, in-process, the prefetch plan's
-arithmetic and the memory formula of the extra buffers."""
+arithmetic, the memory formula of the extra buffers, and the live-parameter budget
+(stage3_max_live_parameters) bounding what the engine holds at budgets that bind."""
 
 from __future__ import annotations
 
