@@ -26,7 +26,7 @@ from zero_ref.io.trace import Trace
 from zero_ref.models.unit import init_params
 from zero_ref.testing.replay import ReplayModel
 
-# four units, one of them small (persistent under the threshold below), one empty
+# five units: one small (persistent under a case's threshold below), one empty
 UNITS = [
     ("embed", [("w", (5, 3))]),
     ("a", [("w", (40,))]),
