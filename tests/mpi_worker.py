@@ -139,6 +139,7 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
         Path(case["save_to"]).mkdir(parents=True, exist_ok=True)
         save_need = check_save_space(engine, case["save_to"], first + case["steps"], {"case": case})
         save_checkpoint(engine, case["save_to"], first + case["steps"], {"case": case})
+    groups = world.gather(group_members(engine, world), root=0)
     held = engine.memory.bytes_by_category()
     on_disk = engine.memory.disk_bytes_by_category()
     on_device = engine.memory.device_bytes_by_category()
@@ -167,6 +168,7 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
         "numel": engine.layout.numel,
         "shard_world": engine.shard_world,  # hybrid sharding: G (else the world size)
         "hybrid_sent_bytes": engine.hybrid_sent_bytes(),  # its all-reduce across groups
+        "groups": groups,  # per rank: the world ranks of each group Comm the engine built
         **plan(engine),
     }
 
@@ -264,6 +266,23 @@ def optimizer_state_matches(state: dict, oracle: Oracle) -> bool:
         for kind in expected
         for n in expected[kind]
     )
+
+
+def group_members(engine, world: MPI.Comm) -> dict[str, list[int]]:
+    """The world ranks of each group Comm this rank's engine built, in the group's order:
+    hybrid sharding's shard and replica groups, qgZ's two hop groups, hpZ's partition
+    group (a collective on each; every rank has the same ones)."""
+    comms = {"shard": engine.shard_comm}
+    replica = getattr(engine.replicas, "replica", None)
+    if replica is not None:
+        comms["replica"] = replica
+    hops = getattr(engine, "qgz_hops", None)
+    if hops is not None:
+        comms["qgz_local"], comms["qgz_cross"] = hops.local, hops.cross
+    hpz = getattr(engine, "hpz", None)
+    if hpz is not None:
+        comms["hpz"] = hpz.group
+    return {name: comm.mpi.allgather(world.rank) for name, comm in comms.items()}
 
 
 def gathers_record(gathers):

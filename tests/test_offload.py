@@ -14,11 +14,12 @@ from mpi4py import MPI
 
 from tests.mpi_pool import mpirun_command, run_watched
 from zero_ref.comm.choose import comm_for
-from zero_ref.config import ZeroConfig
+from zero_ref.config import LossScaleConfig, ZeroConfig
 from zero_ref.engine.ladder import make_engine
 from zero_ref.models.unit import init_params
 from zero_ref.offload.nvme import NvmeStore, check_space
-from zero_ref.offload.swap_file import OffloadIOError, OffloadSetupError, SwapFile
+from zero_ref.offload.pipeline import plan_sub_groups
+from zero_ref.offload.swap_file import ALIGN, OffloadIOError, OffloadSetupError, SwapFile
 from zero_ref.testing.engine_state import full_parameters
 from zero_ref.testing.replay import ReplayModel
 
@@ -69,6 +70,49 @@ def test_sub_groups_moved_with_o_direct_are_bitwise_too(tmp_path):
         # 8 KiB sub-group still moves a whole 4 KiB block direct (none, before they did)
         moved = sum(f.bytes_read + f.bytes_written for f in b.nvme.files)
         assert sum(f.bytes_direct for f in b.nvme.files) > 0.4 * moved
+    a.close()
+    b.close()
+
+
+def direct_middle(start: int, nbytes: int) -> int:
+    """The bytes of a range at byte `start` that O_DIRECT can move: its whole ALIGN blocks."""
+    head = (-start) % ALIGN
+    return max(0, nbytes - head) // ALIGN * ALIGN
+
+
+@pytest.mark.parametrize(
+    "stage, precision", [(2, "fp32"), (2, "fp16"), (2, "bf16"), (3, "fp32")]
+)  # each gradient dtype
+def test_every_whole_block_of_a_gradient_read_moves_with_o_direct(tmp_path, stage, precision):
+    """The gradient on disk (stages 2-3 with the optimizer offloaded) is read into a pool
+    row that starts where its range does within a block, in bytes of its own dtype: so
+    every whole block of every sub-group's read goes around the page cache, for each
+    dtype, the ranges starting off a block (u1 starts at element 21)."""
+    units = [("u0", [("w", (3, 7))]), ("u1", [("b", (20_000,))])]
+    low = LossScaleConfig(initial_scale_power=2)  # fp16: no step overflows, each one reads
+    common = dict(units=units, stage=stage, precision=precision, clip=0.5, steps=1, loss_scale=low)
+    in_ram, a = run(tmp_path, **common)
+    offloaded, b = run(tmp_path, offload_optimizer="nvme", sub_group_size=8192, **common)
+    assert np.array_equal(in_ram.view(np.uint8), offloaded.view(np.uint8))
+    swap, _ = b.nvme.locate(b.shard_grads)
+    if swap.direct_fd is None:
+        a.close()
+        b.close()
+        pytest.skip("this filesystem has no O_DIRECT")
+    item = swap.dtype.itemsize
+    assert item == {"fp32": 4, "fp16": 2, "bf16": 2}[precision]
+    grads = [o[1] for o in b.owned_slices()]
+    expected = 0
+    for group in plan_sub_groups([g.size for g in grads], 8192):
+        offset = swap.offset_of(grads[group.index])
+        expected += direct_middle((offset + group.lo) * item, (group.hi - group.lo) * item)
+    assert expected > 0.5 * swap.nbytes  # most of each read is whole blocks
+    assert swap.bytes_read == swap.nbytes  # the step read the gradient once
+    assert swap.bytes_read_direct == expected, (
+        f"{precision} gradient: {swap.bytes_read_direct} of {swap.bytes_read} bytes read "
+        f"with O_DIRECT, where its whole blocks are {expected}: the pool row is not "
+        "aligned as the file's range is"
+    )
     a.close()
     b.close()
 

@@ -5,7 +5,8 @@ prefetch depth, budget and persistence beside every other option); here, on thre
 ranks (tests/mpi_overlap_check.py): each non-blocking call is its blocking twin bit for
 bit, stage 2's staging lanes are never packed while in flight, stage 3 gathers one unit
 ahead within its plan and drops an unused prefetch; and, in-process, the prefetch plan's
-arithmetic and the memory formula of the extra buffers."""
+arithmetic, the memory formula of the extra buffers, and the live-parameter budget
+(stage3_max_live_parameters) bounding what the engine holds at budgets that bind."""
 
 from __future__ import annotations
 
@@ -64,3 +65,52 @@ def test_the_ledger_holds_the_formula_of_the_overlap_buffers(stage, extra):
     if stage == 3:
         assert ("gathered_unit (prefetch 1)" in expected) == (plan.buffers > 1)
     engine.close()
+
+
+BUDGET_UNITS = [(f"u{n}", [("w", (n,))]) for n in (5, 30, 40, 50, 60)]  # widest 60
+
+
+def gathered_numel(engine) -> int:
+    """The gathered-parameter elements this rank holds (the ledger's buffers): every
+    gathered-unit buffer, prefetch ones included, and every persistent unit's own."""
+    itemsize = engine.precision.param.itemsize
+    held = engine.buffer_bytes()
+    names = [k for k in held if k.startswith(("gathered_unit", "persistent unit"))]
+    return sum(held[k] for k in names) // itemsize
+
+
+@pytest.mark.parametrize("persistence", [0, 5, 6, 31])  # none, 5 < 5 is not, u5, u5 + u30
+@pytest.mark.parametrize("params", ["fp32", "bf16"])
+def test_the_engine_never_holds_more_gathered_parameters_than_the_live_budget(persistence, params):
+    """stage3_max_live_parameters bounds everything gathered a rank holds, the
+    persistent units' buffers included, at budgets that bind: from the least allowed
+    (the widest unit plus the persistent units) up past what the prefetch wants, at
+    each buffer boundary's both sides. And a budget is not wasted: one more buffer of
+    the widest unit would not fit, unless the prefetch already has all it asks for."""
+    model = ReplayModel(BUDGET_UNITS)
+    kept = sum(n for n in (5, 30) if n < persistence)
+    least, widest = 60 + kept, 60
+    unbounded, counts = None, set()
+    for budget in [None] + [least + d for k in range(5) for d in (k * widest - 1, k * widest)]:
+        if budget is not None and budget < least:
+            continue
+        cfg = ZeroConfig(
+            stage=3, overlap_comm=True, prefetch_numel=10**6, max_live_numel=budget,
+            persistence_numel=persistence, precision=params,
+        )  # fmt: skip
+        engine = make_engine(model, init_params(model, 0), cfg, comm_for(MPI.COMM_SELF, cfg))
+        held, buffers = gathered_numel(engine), len(engine.gathered.slots)
+        engine.close()
+        assert held == buffers * widest + kept, "a buffer outside the ledger's names"
+        if budget is None:
+            unbounded = buffers  # one unit in use, every other unit ahead
+            continue
+        counts.add(buffers)
+        assert held <= budget, (
+            f"max_live_numel={budget}, persistence {persistence}: the rank holds {held} "
+            f"gathered elements ({buffers} buffers of {widest} and {kept} persistent)"
+        )
+        assert buffers == unbounded or held + widest > budget, (
+            f"max_live_numel={budget}: {buffers} buffers where {held + widest} elements fit"
+        )
+    assert counts == set(range(1, unbounded + 1)), "budgets that bind at every count"

@@ -1,9 +1,10 @@
 """qgZ in two hops (DeepSpeed's all_to_all_quant_reduce across nodes): the oracle's sum
-written out by hand for one aligned unit, the one-hop cases (a group of one rank or of
+written out by hand for one aligned unit (and at 6 ranks in groups of 3 and of 2, where
+the order of the adds shows), the one-hop cases (a group of one rank or of
 all of them, "world"), the bytes of each hop, and the config's and flags' values and
 refusals, and one run of 8 ranks with hybrid sharding, its shard groups of 4 summed in
 two hops of 2. The engine's two hops are checked bit for bit against the oracle in
-tests/test_parity.py (pinned examples at 4 ranks in groups of 2)."""
+tests/test_parity.py (pinned examples at 4 ranks in groups of 2, and at 6 in groups of 3)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,55 @@ def test_two_hops_sum_each_groups_quantized_rows_then_requantize_the_partials(bi
     one_hop = (((q[0] + q[1]) + q[2]) + q[3]) / np.float32(WORLD)
     assert np.array_equal(oracle_grad(grads, None, bits), one_hop)
     assert not np.array_equal(expected, one_hop)  # the second quantization is seen
+
+
+def left_to_right(rows: np.ndarray) -> np.ndarray:
+    """The rows added one after another from the first, in float32: ((a + b) + c) + ..."""
+    total = rows[0].copy()
+    for row in rows[1:]:
+        total += row
+    return total
+
+
+@pytest.mark.parametrize("world, local", [(4, 2), (6, 3), (6, 2)])  # groups of 2 and of 3
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("block", [1, BLOCK])
+def test_two_hops_add_in_local_rank_order_then_in_group_order(world, local, bits, block):
+    """W = 6 in groups of 3 (and 3 groups of 2), written out by hand in float32: each
+    group's dequantized rows a + b + c left to right in local rank order, the partials
+    requantized, added left to right in group order, over W. With blocks of one element
+    (each value its own scale) the requantized partial keeps a sum's last bit, and each
+    rank's values have their own magnitude, so another order of the same rows gives
+    other bits (checked), as a + b = b + a alone (groups of 2, two groups) cannot show;
+    with wider blocks a partial's last bit is mostly lost to the second quantization."""
+    numel = world * 8  # 8 a rank: two blocks of BLOCK, aligned
+    units = (("u", (("w", (numel,)),)),)
+    rng = np.random.default_rng([world, local, bits])
+    grads = rng.standard_normal((world, numel)) * 10.0 ** rng.uniform(-3, 3, (world, 1))
+    grads = grads.astype(np.float32)
+    starts = np.arange(0, numel, block, dtype=np.int64)
+    q = quantized_rows(grads, starts, bits)
+    groups = [q[h : h + local] for h in range(0, world, local)]
+
+    def two_hops(in_group, across) -> np.ndarray:
+        partials = np.stack([left_to_right(in_group(g)) for g in groups])
+        return left_to_right(across(quantized_rows(partials, starts, bits))) / np.float32(world)
+
+    expected = two_hops(lambda g: g, lambda p: p)
+    blocks = GradientBlocks(units, 1, 1 << 20, block, bits, local)
+    oracle = Oracle({"u.w": np.zeros(numel, np.float32)}, AdamWConfig(), gradient_blocks=blocks)
+    oracle.step([[{"u.w": g} for g in grads]])
+    assert np.array_equal(oracle.last_detail.grad, expected)
+    if block > 1:
+        return
+    other_orders = []  # each differs from the rank order by more than a + b = b + a
+    if local > 2:  # inside a group: (c + b) + a, and (a + c) + b
+        other_orders.append(two_hops(lambda g: g[::-1], lambda p: p))
+        other_orders.append(two_hops(lambda g: g[[0, *range(2, local), 1]], lambda p: p))
+    if len(groups) > 2:  # across the groups
+        other_orders.append(two_hops(lambda g: g, lambda p: p[::-1]))
+    for other in other_orders:
+        assert not np.array_equal(other, expected), "the data cannot tell the orders apart"
 
 
 @pytest.mark.parametrize("local", [1, WORLD])

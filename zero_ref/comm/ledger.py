@@ -123,12 +123,16 @@ class CommLedger:
         (issuing it, and its wait) go to the step in progress, so a step's seconds are
         the communication compute did not hide. On the trace it is two events: the
         whole flight, issue to completion (lane "in flight"), and the wait (lane
-        "collectives")."""
+        "collectives"), each naming the caller's lane ("unit 3", "bucket 0"): which
+        call a wait was for, so a test can check it came before the result was read."""
         self.current[kind].seconds += blocked
         if self.trace is not None:
             now = time.perf_counter()
             self.trace.complete(kind, "in flight", issued_at, now - issued_at, where=where, **args)
-            self.trace.complete(f"wait {kind}", "collectives", now - blocked, blocked, where=where)
+            lane = args.get("lane", "")
+            self.trace.complete(
+                f"wait {kind}", "collectives", now - blocked, blocked, where=where, lane=lane
+            )
 
     def record_copy(self, kind: str, nbytes: int, seconds: float) -> None:
         """A copy between host and device memory (kind in COPY_KINDS): PCIe bytes,

@@ -85,7 +85,7 @@ class NonBlockingCollectives:
                 self.mpi, send, recv, self.arrays
             )
         itemsize = send.dtype.itemsize
-        return self._issued("reduce_scatter", recv.size, itemsize, request, finish, keep, t0)
+        return self._issued("reduce_scatter", recv.size, itemsize, request, finish, keep, t0, lane)
 
     def ireduce_scatter_quantized(
         self, send: np.ndarray, recv: np.ndarray, starts: np.ndarray, wire, lane: str = ""
@@ -99,7 +99,7 @@ class NonBlockingCollectives:
         kind = f"reduce_scatter_int{wire.bits}"
         self._agree(kind, recv.size, f"blocks {len(starts)}")
         request, finish, keep = isum_quantized(self.mpi, send, recv, starts, wire, self.arrays)
-        return self._issued(kind, wire.send.shape[1], 1, request, finish, keep, t0)
+        return self._issued(kind, wire.send.shape[1], 1, request, finish, keep, t0, lane)
 
     def ireduce_scatter_quantized_two_hops(
         self, send: np.ndarray, recv: np.ndarray, starts: np.ndarray, wire, hops, lane: str = ""
@@ -122,7 +122,7 @@ class NonBlockingCollectives:
 
         finish = lambda: finish_second_hop(hops.cross.size, starts, recv, wire, self.arrays)  # noqa: E731
         self.ledger.record_issued(kind + LOCAL_HOP, within, within)
-        keep, args = (wire.send, wire.got), {"sent_bytes": within + across}
+        keep, args = (wire.send, wire.got), {"sent_bytes": within + across, "lane": lane}
         flight = ChainedFlight(self, kind + LOCAL_HOP, request, second, finish, keep, args)
         flight.issue_seconds = time.perf_counter() - t0
         return flight
@@ -155,7 +155,7 @@ class NonBlockingCollectives:
         self._check(recv, send)
         self._agree("allgather", send.size, self.arrays.dtype_name(send))
         request = self.mpi.Iallgather(words_of(send), words_of(recv))
-        return self._issued(kind, send.size, send.dtype.itemsize, request, None, (), t0)
+        return self._issued(kind, send.size, send.dtype.itemsize, request, None, (), t0, lane)
 
     def iallgather_bytes(
         self, send: np.ndarray, recv: np.ndarray, kind: str = "allgather_int8", lane: str = ""
@@ -166,7 +166,7 @@ class NonBlockingCollectives:
         self.arrays.sync()
         self._agree("allgather", send.size, "uint8")
         request = self.mpi.Iallgather(send, recv)
-        return self._issued(kind, send.size, 1, request, None, (), t0)
+        return self._issued(kind, send.size, 1, request, None, (), t0, lane)
 
     def iallgather_in_place(self, buf: np.ndarray, lane: str = "") -> InFlight:
         """allgather_in_place, issued: block r of buf <- rank r's block r."""
@@ -175,14 +175,15 @@ class NonBlockingCollectives:
         n = buf.size // self.size
         self._agree("allgather", n, self.arrays.dtype_name(buf))
         request = self.mpi.Iallgather(MPI.IN_PLACE, words_of(buf))
-        return self._issued("allgather", n, buf.dtype.itemsize, request, None, (), t0)
+        return self._issued("allgather", n, buf.dtype.itemsize, request, None, (), t0, lane)
 
-    def _issued(self, kind, n_block, itemsize, request, finish, keep, t0) -> InFlight:
+    def _issued(self, kind, n_block, itemsize, request, finish, keep, t0, lane) -> InFlight:
         """The ledger's call and bytes now (the blocking call's: W-1 blocks each way),
-        and the InFlight that finishes it."""
+        and the InFlight that finishes it, named by its lane ("unit 3": stages 1-2's
+        updated gather of unit 3), so the trace says which call each wait was for."""
         nbytes = self._block_bytes(n_block, itemsize)
         self.ledger.record_issued(kind, nbytes, nbytes)
-        flight = InFlight(self, kind, request, finish, keep, {"sent_bytes": nbytes})
+        flight = InFlight(self, kind, request, finish, keep, {"sent_bytes": nbytes, "lane": lane})
         flight.issue_seconds = time.perf_counter() - t0
         return flight
 

@@ -166,7 +166,7 @@ class StagedComm:
         host_recv = self.staging.buffer(
             self._lane(lane, self.RECV), recv.shape[0], host_dtype(recv)
         )
-        flight = self.host_comm.ireduce_scatter_sum(host_send, host_recv)
+        flight = self.host_comm.ireduce_scatter_sum(host_send, host_recv, lane)
         return flight.then(lambda: self.staging.to_device(host_recv, recv))
 
     def iallgather(self, send, recv, kind: str = "allgather", lane: str = "") -> InFlight:
@@ -175,7 +175,7 @@ class StagedComm:
         host_recv = self.staging.buffer(
             self._lane(lane, self.RECV), recv.shape[0], host_dtype(recv)
         )
-        flight = self.host_comm.iallgather(host_send, host_recv, kind)
+        flight = self.host_comm.iallgather(host_send, host_recv, kind, lane)
         return flight.then(lambda: self.staging.to_device(host_recv, recv))
 
     def iallgather_in_place(self, buf, lane: str = "") -> InFlight:
@@ -188,7 +188,7 @@ class StagedComm:
             self.staging.to_device(host[: r * n], buf[: r * n])
             self.staging.to_device(host[(r + 1) * n :], buf[(r + 1) * n :])
 
-        return self.host_comm.iallgather_in_place(host).then(up)
+        return self.host_comm.iallgather_in_place(host, lane).then(up)
 
     def gather_to_root(self, send, recv, kind: str) -> None:
         """recv (W*n,) on rank 0 <- every rank's send (n,); recv None elsewhere."""

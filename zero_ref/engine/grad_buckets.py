@@ -21,7 +21,8 @@ is issued and backward goes on (DeepSpeed's overlap_comm): the staging is
 double-buffered, bucket after bucket alternating lanes, and a lane is packed
 again only after its last reduction was waited for (DeepSpeed #5523/#5606 was a
 staging buffer refilled while its reduce was in flight: here an assertion, and
-tests/test_overlap.py checks the order of events). Each lane's sum lands in the
+tests/test_overlap.py checks the order of events; tests/test_event_order.py that every
+bucket has landed when backward ends). Each lane's sum lands in the
 lane's own receive buffer and is moved to its landing when it is retired, oldest
 first: the landings see the buckets one at a time, in the order blocking gives.
 

@@ -128,10 +128,15 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
 
     def _issue_gather(self, key: Key, out: np.ndarray, lane: int):
         """Issue out <- unit i's parameters from every rank's shard (int8 and scales for
-        a quantized key); None: nothing to gather (an empty unit)."""
+        a quantized key); None: nothing to gather (an empty unit). On the trace, an
+        instant "gather <unit>" naming the buffer (the schedule's lane "gather <buffer>"),
+        so a reader can tell which unit each wait on that lane was for."""
         i, quantized = key
         if not out.size:
             return None
+        if self.trace is not None:
+            name = self.layout.units[i].name
+            self.trace.instant(f"gather {name}", "collectives", unit=i, buffer=lane)
         if self.hpz is not None:
             if self.hpz.serves(i):
                 return self.hpz.gather(i, out, self.schedule.prefetches)

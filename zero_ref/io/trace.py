@@ -5,6 +5,9 @@ each unit's forward and backward (lane "compute"), each collective with its
 bytes and where in the step it ran (lane "collectives"), with --overlap-comm
 each non-blocking collective from issue to completion (lane "in flight", drawn under
 the compute it hides behind) and the time a rank waited for it (lane "collectives"),
+both naming the caller's lane ("unit 3", "bucket 0", "gather 1"; stage 3 marks each
+unit's gather with an instant event naming its buffer), so the order of each wait
+and the read of its result can be checked (tests/test_event_order.py),
 each host<->device copy (lane "copies"), the optimizer step (lane "optimizer"); with the optimizer
 state in swap files (--offload-optimizer nvme) each sub-group's read, AdamW
 kernel and write-back (lanes "swap reads", "adamw sub-groups", "swap writes",

@@ -60,6 +60,7 @@ class SwapFile:
         self.nbytes = numel * self.dtype.itemsize
         self.bytes_read = self.bytes_written = 0  # by read_into / write_from, for reports
         self.bytes_direct = 0  # of those, moved with O_DIRECT (around the page cache)
+        self.bytes_read_direct = 0  # ... and of the reads alone
         try:
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             os.ftruncate(self.fd, self.nbytes)  # a sparse file: zeros, no blocks yet
@@ -129,6 +130,8 @@ class SwapFile:
                 self.retired_fds.append(fd)
             return False
         self.bytes_direct += len(view)
+        if op == "read":
+            self.bytes_read_direct += len(view)
         return True
 
     def _io_all(self, op: str, fd: int, start: int, view: memoryview, call) -> None:
