@@ -163,10 +163,8 @@ def measure(build, model, batch) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--list", action="store_true", help="print the functions and stacks")
-    args = parser.parse_args()
+def measure_both() -> dict:
+    """Both engines' figures, with the lists of functions and stacks."""
     cfg = ZeroConfig(stage=3, deterministic=True)
     model = GPT(GPTConfig(vocab_size=11, context=8, n_layer=1, n_head=2, d_model=8))
     init = init_params(model, 0)
@@ -177,11 +175,18 @@ def main() -> None:
         return ids, rng.integers(0, 11, (1, 2, 8))
 
     comm = lambda: comm_for(MPI.COMM_SELF, cfg)  # noqa: E731
-    result = {
+    return {
         "what": "one fp32 stage-3 step on one rank, tiny GPT (n_layer 1)",
         "minimal": measure(lambda: MinimalEngine(model, init, cfg, comm()), model, batch),
         "full": measure(lambda: make_engine(model, init, cfg, comm()), model, batch),
     }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--list", action="store_true", help="print the functions and stacks")
+    args = parser.parse_args()
+    result = measure_both()
     if args.list:
         for name in ("minimal", "full"):
             print(f"{name}: window", *result[name]["window_functions"], sep="\n  ")

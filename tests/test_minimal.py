@@ -216,3 +216,29 @@ def test_stages_md_line_references_name_what_is_there():
         assert re.search(rf"\b(def|class) {short}\b", line) or short in line, (
             f"docs/stages.md links `{name}` to minimal.py line {n}, which is: {line.strip()}"
         )
+
+
+def test_stages_md_quotes_what_trace_frames_measures():
+    """docs/stages.md's table of frames and lines is scripts/trace_frames.py's figures now
+    (a change to either engine's call path changes them: rerun the script, update it)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("trace_frames", REPO / "scripts/trace_frames.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    got = script.measure_both()
+    page = (REPO / "docs/stages.md").read_text()
+    rows = {  # the table's first cell (its start) -> the figure of each engine
+        "| frames from `train_step`": lambda e: e["stack_depth"],
+        "| distinct zero_ref functions": lambda e: e["window_zero_ref_functions"],
+        "| ... of them outside comm/": lambda e: e["window_engine_functions"],
+        "| zero_ref lines executed": lambda e: e["step"]["engine_side"]["executed_lines"],
+        "| ... in files": lambda e: e["step"]["engine_side"]["files"],
+        "| lines those files hold": lambda e: e["step"]["engine_side"]["lines_in_those_files"],
+    }
+    for start, figure in rows.items():
+        line = next(line for line in page.splitlines() if line.startswith(start))
+        quoted = [int(c.strip().replace(",", "")) for c in line.strip("|").split("|")[1:]]
+        assert quoted == [figure(got["minimal"]), figure(got["full"])], line
+    model = got["minimal"]["step"]["model"]
+    assert f"{model['executed_lines']} lines executed in {model['files']} files" in page
