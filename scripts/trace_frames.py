@@ -46,7 +46,9 @@ def rel(filename: str) -> str | None:
 
 def name_of(code) -> str:
     where = rel(code.co_filename) or Path(code.co_filename).name
-    return f"{where}:{code.co_qualname}"
+    # co_qualname is Python 3.11's; before it a function's first line keeps names apart
+    qualname = getattr(code, "co_qualname", f"{code.co_name} (line {code.co_firstlineno})")
+    return f"{where}:{qualname}"
 
 
 def is_unit_backward(frame) -> bool:
