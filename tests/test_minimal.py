@@ -242,3 +242,18 @@ def test_stages_md_quotes_what_trace_frames_measures():
         assert quoted == [figure(got["minimal"]), figure(got["full"])], line
     model = got["minimal"]["step"]["model"]
     assert f"{model['executed_lines']} lines executed in {model['files']} files" in page
+
+
+@pytest.mark.parametrize(
+    "flag, good, bad",
+    [("--stage", ["0", "3"], ["-1", "4", "2.5"]), ("--steps", ["1", "1000"], ["0", "1001"])]
+    + [("--grad-accum", ["1", "64"], ["0", "65"]), ("--seed", ["0"], ["-1", "x"])],
+)
+def test_the_command_takes_each_range_at_both_ends_and_refuses_one_beyond(flag, good, bad, capsys):
+    parser = minimal.build_parser()
+    for value in good:
+        assert getattr(parser.parse_args([flag, value]), flag[2:].replace("-", "_")) == int(value)
+    for value in bad:
+        with pytest.raises(SystemExit):
+            parser.parse_args([flag, value])
+        assert f"{value!r} is not an integer in [" in capsys.readouterr().err

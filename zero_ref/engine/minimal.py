@@ -214,12 +214,23 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a tiny character MLP with the minimal ZeRO engine; rank 0 "
         "checks each step's parameters against the single-rank oracle, bit for bit.",
     )
-    parser.add_argument("--stage", type=int, choices=range(4), default=3)
-    parser.add_argument("--steps", type=int, choices=range(1, 1001), default=5, metavar="1..1000")
-    parser.add_argument("--grad-accum", type=int, choices=range(1, 65), default=1, metavar="1..64")
+    parser.add_argument("--stage", type=_int_in(0, 3), default=3, help="0..3 (default 3)")
+    parser.add_argument("--steps", type=_int_in(1, 1000), default=5, help="1..1000")
+    parser.add_argument("--grad-accum", type=_int_in(1, 64), default=1, help="1..64")
     parser.add_argument("--clip", type=float, default=None, help="max gradient norm (> 0)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=_int_in(0, 2**32 - 1), default=0, help="0..2^32-1")
     return parser
+
+
+def _int_in(lo: int, hi: int):
+    """An argparse type: an integer in [lo, hi], else an error naming the range."""
+
+    def parse(text: str) -> int:
+        if not text.lstrip("-").isdigit() or not lo <= int(text) <= hi:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer in [{lo}, {hi}]")
+        return int(text)
+
+    return parse
 
 
 def main(argv: list[str] | None = None) -> None:
