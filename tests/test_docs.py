@@ -100,6 +100,10 @@ def check_command(cmd, clone: Path, monkeypatch, capsys) -> None:
         from zero_ref.check.__main__ import build_parser
 
         build_parser().parse_args(args)
+    elif cmd.module == "zero_ref.engine.minimal":  # run in-process by tests/test_minimal.py
+        from zero_ref.engine.minimal import build_parser
+
+        build_parser().parse_args(args)
     elif cmd.script:
         parse_script(clone / cmd.script, args, monkeypatch)
     else:

@@ -31,6 +31,12 @@ def comm_for(mpi_comm: MPI.Comm, cfg: ZeroConfig) -> Comm:
     return comm
 
 
+def world_comm(cfg: ZeroConfig) -> Comm:
+    """comm_for over every process of the job (MPI.COMM_WORLD): for an entry point that
+    is not itself allowed to import mpi4py (zero_ref/engine/minimal.py's command)."""
+    return comm_for(MPI.COMM_WORLD, cfg)
+
+
 def device_comm(comm: Comm, cuda_aware_mpi: str) -> Comm | StagedComm:
     """The Comm a --device gpu engine uses: the library asked whether it is CUDA-aware
     and --cuda-aware-mpi resolved against its answer (zero_ref/gpu/mpi_support.py).
