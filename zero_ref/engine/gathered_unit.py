@@ -46,7 +46,7 @@ from enum import Enum
 import numpy as np
 
 from zero_ref.engine.unit_order import step_reads
-from zero_ref.memory_formulas import PrefetchPlan
+from zero_ref.memory_formulas import PrefetchPlan, prefetch_plan
 
 Key = tuple[int, bool]  # (unit, quantized): what a buffer holds
 
@@ -214,6 +214,32 @@ class GatheredUnits:
         """Wait for slot's gather; the buffer holds its unit after (HELD until used)."""
         self.complete(slot.unit, slot.pending)
         slot.pending, slot.state = None, UnitState.HELD
+
+
+def gathered_units_for(
+    cfg, layout, place, prefetches: bool, dtype, issue: Issue, complete: Complete
+) -> GatheredUnits:
+    """The buffers cfg's plan asks for (one without prefetch; each as wide as the widest
+    unit, lent whole to stream state: lend) and one of its own for each persistent
+    unit, all in the memory ledger, EMPTY."""
+    plan = stage3_plan(cfg, layout, prefetches)
+    units, wide = layout.units, layout.widest_unit_numel
+    names = ["gathered_unit"] + [f"gathered_unit (prefetch {k})" for k in range(1, plan.buffers)]
+    buffers = [place.empty("buffers", name, wide, dtype) for name in names]
+    kept = {
+        i: place.empty("buffers", f"persistent unit {i}", units[i].padded_numel, dtype)
+        for i in sorted(plan.persistent)
+    }
+    numel = lambda i: units[i].padded_numel  # noqa: E731
+    return GatheredUnits(buffers, kept, plan, numel, issue, complete)
+
+
+def stage3_plan(cfg, layout, prefetches: bool) -> PrefetchPlan:
+    """The gathered-unit plan of a config and layout (memory_formulas.prefetch_plan)."""
+    numels = [u.padded_numel for u in layout.units]
+    return prefetch_plan(
+        numels, prefetches, cfg.prefetch_numel, cfg.max_live_numel, cfg.persistence_numel
+    )
 
 
 def gathers_per_step(
