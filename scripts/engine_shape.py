@@ -1,10 +1,13 @@
 """How the engine reads: lines per stage file, and the `if`s in stage code that ask which
-precision, store or device they run under (what a policy chosen once should answer).
+precision, store or device they run under, or which ZeRO++ or hybrid option is on (what
+a policy chosen once should answer: engine/precision.py, stores.py, unit_gather.py, ...).
 
-A branch counts when its test names a policy word: precision, mixed, fp16/bf16/half, a
-dtype, the loss scale or scaler, master weights, a 16-bit scratch or wire buffer, offload,
-NVMe, swap, a device, host or GPU. `if`,
-`elif`, `while` and conditional expressions all count. JSON line last:
+A branch counts as a policy if when its test names a policy word: precision, mixed,
+fp16/bf16/half, a dtype, the loss scale or scaler, master weights, a 16-bit scratch or
+wire buffer, offload, NVMe, swap, a device, host or GPU; as a ZeRO++ if when it names
+qwZ, hpZ, qgZ, quantized, a secondary copy, a partition size, hybrid sharding or its
+replicas, or qgZ's hops. `if`, `elif`, `while` and conditional expressions all count.
+JSON line last:
 
     python scripts/engine_shape.py [--engine zero_ref/engine]
 """
@@ -21,6 +24,9 @@ POLICY_WORDS = re.compile(
     r"precision|mixed|fp16|bf16|half|dtype|scale|master|scratch|wire|offload|nvme|swap|device|host|gpu",
     re.IGNORECASE,
 )
+ZEROPP_WORDS = re.compile(
+    r"qwz|hpz|qgz|quantiz|secondary|partition_size|hybrid|replica|hops", re.IGNORECASE
+)
 
 
 def _names(node: ast.AST) -> list[str]:
@@ -36,12 +42,12 @@ def _names(node: ast.AST) -> list[str]:
     return out
 
 
-def policy_branches(source: str) -> list[tuple[int, str]]:
-    """(line, test) of each branch whose test names a policy word."""
+def policy_branches(source: str, words: re.Pattern = POLICY_WORDS) -> list[tuple[int, str]]:
+    """(line, test) of each branch whose test names one of `words`."""
     found = []
     for node in ast.walk(ast.parse(source)):
         branch = isinstance(node, (ast.If, ast.While, ast.IfExp))
-        if branch and any(POLICY_WORDS.search(name) for name in _names(node.test)):
+        if branch and any(words.search(name) for name in _names(node.test)):
             found.append((node.lineno, ast.unparse(node.test)))
     return sorted(found)
 
@@ -57,11 +63,15 @@ def shape(engine: Path) -> dict:
         files[path.name] = {
             "lines": len(source.splitlines()),
             "policy_ifs": [f"{line}: {test}" for line, test in policy_branches(source)],
+            "zeropp_ifs": [
+                f"{line}: {test}" for line, test in policy_branches(source, ZEROPP_WORDS)
+            ],
         }
     return {
         "stage_lines": {name: f["lines"] for name, f in files.items()},
         "policy_ifs": sum(len(f["policy_ifs"]) for f in files.values()),
-        "branches": {name: f["policy_ifs"] for name, f in files.items()},
+        "zeropp_ifs": sum(len(f["zeropp_ifs"]) for f in files.values()),
+        "branches": {name: f["policy_ifs"] + f["zeropp_ifs"] for name, f in files.items()},
     }
 
 
@@ -71,7 +81,7 @@ def main() -> None:
     ap.add_argument("--engine", default=str(default))
     result = shape(Path(ap.parse_args().engine))
     for name, branches in result["branches"].items():
-        print(f"{name}: {result['stage_lines'][name]} lines, {len(branches)} policy ifs")
+        print(f"{name}: {result['stage_lines'][name]} lines, {len(branches)} policy/ZeRO++ ifs")
         for b in branches:
             print(f"    {b}")
     print(json.dumps({k: v for k, v in result.items() if k != "branches"}))

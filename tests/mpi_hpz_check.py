@@ -56,10 +56,11 @@ def main() -> None:
     model = ReplayModel(UNITS)
     comm = comm_for(world, cfg)
     engine = make_engine(model, init_params(model, 0), cfg, comm)
+    hpz = secondary_copy(engine)
     calls: list[tuple[str, str]] = []
     record_gathers(engine, comm, calls, "world")
-    if engine.hpz is not None:
-        record_gathers(engine, engine.hpz.group, calls, "group")
+    if hpz is not None:
+        record_gathers(engine, hpz.group, calls, "group")
     k, w = cfg.grad_accum, comm.size
     for step in range(2):
         x = model.contexts(0, step, k, w)
@@ -68,7 +69,7 @@ def main() -> None:
     engine.settle()
     kinds = sorted(comm.ledger.last_step())
     result = {"calls": calls, "kinds": kinds, "copy_equals_params": copy_matches(engine)}
-    result["group_size"] = None if engine.hpz is None else engine.hpz.size
+    result["group_size"] = None if hpz is None else hpz.size
     sizes = engine.precision.bytes
     estimate = state_bytes(engine.layout, 3, cfg.bucket_numel, k, sizes, cfg)
     result["memory"] = [engine.memory.bytes_by_category(), estimate]
@@ -82,20 +83,26 @@ def main() -> None:
         print(json.dumps(everyone))
 
 
+def secondary_copy(engine):
+    """hpZ's secondary copy (engine/secondary_copy.py) in stage 3's gather policy, or None."""
+    return getattr(engine.unit_gather, "copy", None)
+
+
 def copy_matches(engine) -> bool | None:
     """Each unit's slice in the secondary copy equals its gathered parameters (the
     world's shards gathered here, outside the engine, after the update)."""
-    if engine.hpz is None:
+    hpz = secondary_copy(engine)
+    if hpz is None:
         return None
     ok = True
     for i, unit in enumerate(engine.layout.units):
         shard = np.ascontiguousarray(engine.shard_params[unit.shard_slice()])
         full = np.empty(unit.padded_numel, shard.dtype)
         engine.comm.mpi.Allgather(shard.view(np.uint8), full.view(np.uint8))
-        m = unit.padded_numel // engine.hpz.size
-        mine = full[engine.hpz.g * m : (engine.hpz.g + 1) * m]
-        ok &= engine.hpz.serves(i) and bool(
-            np.array_equal(engine.hpz.slice_of(i).view(np.uint8), mine.view(np.uint8))
+        m = unit.padded_numel // hpz.size
+        mine = full[hpz.g * m : (hpz.g + 1) * m]
+        ok &= hpz.serves(i) and bool(
+            np.array_equal(hpz.slice_of(i).view(np.uint8), mine.view(np.uint8))
         )
     return ok
 

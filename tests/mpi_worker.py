@@ -277,12 +277,12 @@ def group_members(engine, world: MPI.Comm) -> dict[str, list[int]]:
     replica = getattr(engine.replicas, "replica", None)
     if replica is not None:
         comms["replica"] = replica
-    hops = getattr(engine, "qgz_hops", None)
+    hops = getattr(getattr(engine, "grad_quantization", None), "hops", None)  # qgZ's
     if hops is not None:
         comms["qgz_local"], comms["qgz_cross"] = hops.local, hops.cross
-    hpz = getattr(engine, "hpz", None)
+    hpz = getattr(getattr(engine, "unit_gather", None), "group", None)  # stage 3's own group
     if hpz is not None:
-        comms["hpz"] = hpz.group
+        comms["hpz"] = hpz
     return {name: comm.mpi.allgather(world.rank) for name, comm in comms.items()}
 
 

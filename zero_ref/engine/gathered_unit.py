@@ -45,7 +45,8 @@ from enum import Enum
 
 import numpy as np
 
-from zero_ref.memory_formulas import PrefetchPlan
+from zero_ref.engine.unit_order import step_reads
+from zero_ref.memory_formulas import PrefetchPlan, prefetch_plan
 
 Key = tuple[int, bool]  # (unit, quantized): what a buffer holds
 
@@ -215,12 +216,38 @@ class GatheredUnits:
         slot.pending, slot.state = None, UnitState.HELD
 
 
+def gathered_units_for(
+    cfg, layout, place, prefetches: bool, dtype, issue: Issue, complete: Complete
+) -> GatheredUnits:
+    """The buffers cfg's plan asks for (one without prefetch; each as wide as the widest
+    unit, lent whole to stream state: lend) and one of its own for each persistent
+    unit, all in the memory ledger, EMPTY."""
+    plan = stage3_plan(cfg, layout, prefetches)
+    units, wide = layout.units, layout.widest_unit_numel
+    names = ["gathered_unit"] + [f"gathered_unit (prefetch {k})" for k in range(1, plan.buffers)]
+    buffers = [place.empty("buffers", name, wide, dtype) for name in names]
+    kept = {
+        i: place.empty("buffers", f"persistent unit {i}", units[i].padded_numel, dtype)
+        for i in sorted(plan.persistent)
+    }
+    numel = lambda i: units[i].padded_numel  # noqa: E731
+    return GatheredUnits(buffers, kept, plan, numel, issue, complete)
+
+
+def stage3_plan(cfg, layout, prefetches: bool) -> PrefetchPlan:
+    """The gathered-unit plan of a config and layout (memory_formulas.prefetch_plan)."""
+    numels = [u.padded_numel for u in layout.units]
+    return prefetch_plan(
+        numels, prefetches, cfg.prefetch_numel, cfg.max_live_numel, cfg.persistence_numel
+    )
+
+
 def gathers_per_step(
     plan: PrefetchPlan, unit_numels: list[int], grad_accum: int, quantized: bool = False
 ) -> list[int]:
     """How often each unit is all-gathered in one step (after an update: nothing held)
     under `plan`: this module's own policy run over the step's order of units (engine/
-    step.py's: forward, then backward, per micro-step) with gathers counted, not made.
+    unit_order.py's, which engine/step.py follows) with gathers counted, not made.
     The blocking plan gives comm/ledger.py's stage3_gathers. quantized (qwZ): forward's
     keys are (i, True); the counts are then of both kinds (gathers_by_kind splits them)."""
     full, forward = gathers_by_kind(plan, unit_numels, grad_accum, quantized)
@@ -256,23 +283,11 @@ def gathers_by_kind(
     empty = [np.empty(0, np.uint8)] * plan.buffers
     kept = {i: np.empty(0, np.uint8) for i in plan.persistent}
     units = GatheredUnits(empty, kept, plan, unit_numels.__getitem__, issue, complete)
-    n, q = len(unit_numels), quantized
-    fwd, q_back = q, q and hpz  # the keys' flag in forward and in backward
-    for micro in range(grad_accum):
-        for i in range(n):
-            ahead = [
-                *((j, q) for j in range(i + 1, n)),
-                *((j, q_back) for j in range(n - 1, -1, -1)),
-            ]
-            units.acquire((i, q), ahead)
-            units.release((i, q))
-        again = list(range(n)) if micro < grad_accum - 1 else []
-        for i in range(n - 1, -1, -1):
-            units.acquire(
-                (i, q_back),
-                [*((j, q_back) for j in range(i - 1, -1, -1)), *((j, fwd) for j in again)],
-            )
-            units.release((i, q_back))
+    fwd, back = quantized, quantized and hpz  # the keys' flag in forward and in backward
+    for (i, forward), ahead in step_reads(len(unit_numels), grad_accum):
+        key = (i, fwd if forward else back)
+        units.acquire(key, [(j, fwd if f else back) for j, f in ahead])
+        units.release(key)
     if hpz:
         return counts[False], counts[True], group
     return counts[False], counts[True]

@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from zero_ref.comm.collectives import Comm
-from zero_ref.comm.groups import free, qgz_hops_for
 from zero_ref.engine.grad_buckets import GradientBuckets, RowsOfFullGradient, bucket_plan
+from zero_ref.engine.grad_quantization import grad_quantization_for
 from zero_ref.engine.grad_shard import GradShardInRam
 from zero_ref.engine.init_source import InitSource
 from zero_ref.engine.stage0 import Stage0DataParallel
@@ -77,23 +77,21 @@ class Stage1OptimizerSharded(Stage0DataParallel):
 
     def _make_buckets(self, plan, landing) -> None:
         self._init_updated_gathers()
-        qgz = self.cfg.quantize_block if self.cfg.quantized_gradients else None
-        self.qgz_hops = qgz_hops_for(self.cfg, self.shard_comm)  # a collective
+        q = self.grad_quantization = grad_quantization_for(self.cfg, self.shard_comm)  # qgZ?
         self.buckets = GradientBuckets(
-            self.layout, plan, self.schedule, self.place, self.precision.comm, landing, qgz,
-            self.cfg.quantized_gradient_bits, self.qgz_hops,
+            self.layout, plan, self.schedule, self.place, self.precision.comm, landing, q.block,
+            q.bits, q.hops,
         )  # fmt: skip
 
     @property
     def qgz_local_size(self) -> int | None:
         """The ranks of qgZ's first hop, as MPI split them (None: one hop): the oracle's."""
-        return None if self.qgz_hops is None else self.qgz_hops.local.size
+        return self.grad_quantization.local_size
 
     def close(self) -> None:
         """The base engine's close, then qgZ's hop communicators freed (every rank)."""
         super().close()
-        free(self.qgz_hops or ())
-        self.qgz_hops = None
+        self.grad_quantization.close()
 
     def _optimizer_numel(self) -> int:
         return self.layout.shard_numel

@@ -6,7 +6,8 @@ loop calls (unit_params, which is also told the units the loop reads next, so
 stage 3 can gather them ahead; release_unit_params, unit_grads, on_unit_backward_done,
 on_backward_done, owned_slices, norm_comm, after_update); the order of the
 forward, backward and update is written here once, so every stage runs it the
-same and the oracle (zero_ref/oracle.py) can follow it.
+same and the oracle (zero_ref/oracle.py) can follow it. The order of the units'
+reads, and what follows each, is engine/unit_order.py's.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from __future__ import annotations
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass
-from itertools import chain
 
 import numpy as np
 
+from zero_ref.engine.unit_order import after_backward, after_forward, phase
 from zero_ref.optim.adamw import adamw_scalars, with_lr
 from zero_ref.optim.gradnorm import clip_coefficient
 from zero_ref.optim.nonfinite import NonFiniteGradientError, describe_full_index, locate_nonfinite
@@ -76,8 +77,7 @@ class SharedStep:
         for i, unit in enumerate(self.model.units):
             self.comm.set_context(where=f"micro-step {micro} forward {unit.name}")
             x_in = x
-            ahead = chain(_phase(range(i + 1, n), True), _phase(range(n - 1, -1, -1), False))
-            params = self.unit_params(i, ahead, forward=True)  # stage 3 gathers here
+            params = self.unit_params(i, after_forward(i, n), forward=True)  # stage 3 gathers here
             with self._span(f"forward {unit.name}", micro=micro):
                 x, cache = unit.forward(params, x)
             params = None
@@ -90,9 +90,8 @@ class SharedStep:
         for i in range(len(self.model.units) - 1, -1, -1):
             unit = self.model.units[i]
             self.comm.set_context(where=f"micro-step {micro} backward {unit.name}")
-            again = range(n) if micro < self.cfg.grad_accum - 1 else ()  # the next micro-step
-            ahead = chain(_phase(range(i - 1, -1, -1), False), _phase(again, True))
-            params = self.unit_params(i, ahead)
+            more = micro < self.cfg.grad_accum - 1  # the next micro-step's forward follows
+            params = self.unit_params(i, after_backward(i, n, more))
             with self._span(f"backward {unit.name}", micro=micro):
                 if self.cfg.checkpoint_activations:
                     cache = unit.forward(params, kept[i])[1]  # the forward again, for its cache
@@ -198,12 +197,6 @@ class SharedStep:
         at stage 3, which gathers each unit: every rank must call it with the same x)."""
         n = len(self.model.units)
         for i, unit in enumerate(self.model.units):
-            x, _ = unit.forward(self.unit_params(i, _phase(range(i + 1, n), True), forward=True), x)
+            x, _ = unit.forward(self.unit_params(i, phase(range(i + 1, n), True), forward=True), x)
             self.release_unit_params(i, forward=True)
         return self.place.to_host(x)  # a device's output copied to host memory
-
-
-def _phase(units, forward: bool):
-    """(unit, forward?) pairs: the units the step reads next, and for which pass (stage
-    3's qwZ gathers forward's quantized, backward's in full precision)."""
-    return ((j, forward) for j in units)
