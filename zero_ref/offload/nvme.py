@@ -18,7 +18,6 @@ import os
 import re
 import shutil
 import socket
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -26,6 +25,7 @@ from typing import Protocol
 import numpy as np
 
 from zero_ref.io.atomic import process_alive
+from zero_ref.io.disk_space import FreeBytes, disk_free_bytes
 from zero_ref.offload.malloc import return_freed_arrays_to_os
 from zero_ref.offload.swap_file import F32, OffloadIOError, OffloadSetupError, SwapFile
 
@@ -38,12 +38,6 @@ class HoldsOnDisk(Protocol):
 
 
 FOLDER = re.compile(r"zero_ref_swap_r(\d+)_p(\d+)$")
-FreeBytes = Callable[[Path], int]  # a folder -> the bytes its filesystem has free for us
-
-
-def disk_free_bytes(folder: Path) -> int:
-    """The bytes an unprivileged writer may still use on folder's filesystem."""
-    return shutil.disk_usage(folder).free
 
 
 def check_folder(nvme_path: str) -> Path:
