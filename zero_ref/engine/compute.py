@@ -17,7 +17,6 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from zero_ref.dtypes import round_into
-from zero_ref.gpu.cpu_offload import CpuOffloadCompute
 from zero_ref.optim.adamw import adamw_kernel
 from zero_ref.optim.gradnorm import OPTIMIZER_CHUNK, global_grad_norm, unscale_and_clip, unscaled
 from zero_ref.optim.nonfinite import first_nonfinite
@@ -67,6 +66,8 @@ def compute_for(device: str, offload_optimizer: str, host_place, device_place, c
     scratch (the engine's placement: in the memory ledger, and a device out-of-memory
     error names it); comm_ledger: the communication ledger for the offload's copies."""
     if device == "gpu" and offload_optimizer == "cpu":
+        from zero_ref.gpu.cpu_offload import CpuOffloadCompute  # a CPU run loads no gpu module
+
         return CpuOffloadCompute(HostCompute(), host_place, comm_ledger.timed_copy)
     if device == "gpu":
         from zero_ref.gpu.compute import DeviceCompute  # numba.cuda only when asked
