@@ -1,26 +1,28 @@
 """Imports run downward only: the package's import graph has no cycle, between modules or
 between folders, and every import goes down the declared layers (docs/architecture.md).
 
-The graph is scripts/import_graph.py's: every `import zero_ref...` at module level or in a
-function (a local import still ties two modules together), the package __init__s that
-importing a submodule runs, and not what sits under `if TYPE_CHECKING:` (it never runs:
-a module may name a type from above it in an annotation).
+The graph is tests/import_graph.py's (scripts/import_graph.py prints it): every
+`import zero_ref...` at module level, in a function (a local import still ties two modules
+together) or under `if TYPE_CHECKING:` (a type named from above is a dependency upward too),
+and the package __init__s that importing a submodule runs.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 
+from tests import import_graph as GRAPH_SCRIPT
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "zero_ref"
 
 # The layers, bottom to top. A layer is a folder of the package or a module at its root
-# (scripts/import_graph.py's folder_graph). A module may import its own layer and the
+# (tests/import_graph.py's folder_graph). A module may import its own layer and the
 # layers below it, never one above, nor one beside it in the same tier.
 LAYERS: list[tuple[str, ...]] = [
     ("layout",),  # who owns which bytes: pure integer math
@@ -52,16 +54,6 @@ LAYERS: list[tuple[str, ...]] = [
 # under way; empty now (the last, engine/__init__ re-exporting the stages, went when
 # make_engine moved to engine/ladder.py).
 LEFT_FOR_ENGINE: dict[tuple[str, str], str] = {}
-
-
-def _import_graph_script():
-    spec = importlib.util.spec_from_file_location("import_graph", ROOT / "scripts/import_graph.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-GRAPH_SCRIPT = _import_graph_script()
 
 
 @functools.cache
@@ -109,6 +101,23 @@ def test_docs_architecture_lists_the_same_layers_in_the_same_order():
     rows.insert(2, "`zero_ref`")  # the row "the package `__init__`"
     listed = [name for row in rows for name in re.findall(r"`(\w+)`", row)]
     assert listed == [layer for tier in LAYERS for layer in tier]
+
+
+def test_an_import_counts_wherever_it_sits():
+    """At module level, in a function, under TYPE_CHECKING, relative: each is an edge."""
+    source = """
+from typing import TYPE_CHECKING
+import zero_ref.layout.flat
+if TYPE_CHECKING:
+    from zero_ref.engine.memory import MemoryLedger
+def late():
+    from zero_ref.gpu import cpu_offload
+    from ..comm.ledger import CommLedger
+"""
+    names = GRAPH_SCRIPT.imported_names(ast.parse(source), "zero_ref.offload.nvme", False)
+    for name in ("zero_ref.layout.flat", "zero_ref.engine.memory", "zero_ref.gpu.cpu_offload"):
+        assert name in names
+    assert "zero_ref.comm.ledger.CommLedger" in names
 
 
 def test_no_module_imports_itself_in_a_circle():

@@ -3,6 +3,8 @@ engine keeps, by its ledger name, what the formula says (not only their sum)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from mpi4py import MPI
 
@@ -10,7 +12,14 @@ from zero_ref.comm.collectives import Comm
 from zero_ref.config import ZeroConfig
 from zero_ref.dtypes import element_bytes
 from zero_ref.engine.ladder import make_engine
-from zero_ref.memory_formulas import LADDER, buffer_bytes, sharded
+from zero_ref.memory_formulas import (
+    LADDER,
+    buffer_bytes,
+    group_size_of,
+    hpz_group_of,
+    shard_world_of,
+    sharded,
+)
 from zero_ref.models.unit import init_params
 from zero_ref.testing.replay import ReplayModel
 
@@ -48,3 +57,23 @@ def test_each_buffer_the_engine_holds_is_the_formulas(stage, k, precision, grad,
     sizes = element_bytes(cfg.precision, cfg.grad_dtype, cfg.comm_dtype)
     numels = [u.padded_numel for u in engine.layout.units]
     assert engine.buffer_bytes() == buffer_bytes(stage, numels, 1, 8, k, sizes)
+
+
+@pytest.mark.parametrize(
+    "size, ranks_per_host, ranks",
+    [("host", 3, 3), ("host", 1, 1), ("host", None, None), (1, 3, 1), (2, 3, 2), (3, None, 3)],
+)
+def test_group_size_of_reads_each_value_a_group_setting_takes(size, ranks_per_host, ranks):
+    """ "host" is the ranks sharing a host (None: not known here), an integer is itself."""
+    assert group_size_of(size, ranks_per_host) == ranks
+
+
+@pytest.mark.parametrize("field", ["hpz_partition_size", "hybrid_shard_size"])
+def test_a_host_group_is_the_ranks_per_host_or_the_whole_world(field):
+    """hpZ's group and the hybrid shard world read "host" the same way: the ranks per host
+    where the caller knows it, else the world (an estimate before launch: one host)."""
+    of = hpz_group_of if field == "hpz_partition_size" else shard_world_of
+    cfg = SimpleNamespace(**{field: "host"})
+    assert of(cfg, 6, ranks_per_host=3) == 3
+    assert of(cfg, 6) == 6
+    assert of(SimpleNamespace(**{field: 2}), 6, ranks_per_host=3) == 2

@@ -155,6 +155,14 @@ class OverlapBuffers:
     gradient_bits: int = 8  # qgZ's values: int8 or int4 (two a byte)
 
 
+def group_size_of(size: int | str, ranks_per_host: int | None) -> int | None:
+    """A group-size setting (hpz_partition_size, hybrid_shard_size,
+    quantized_gradient_local_size) as a count of ranks: "host" is ranks_per_host, the
+    ranks sharing a host (None where the caller does not know it), an integer itself. The
+    groups themselves are comm/groups.py's; this is the one place their size is read."""
+    return ranks_per_host if size == "host" else int(size)
+
+
 def hpz_group_of(cfg, world_size: int, ranks_per_host: int | None = None) -> int | None:
     """hpZ's partition group size for a ZeroConfig (None: hpZ off). "host" is the ranks
     per host where the caller knows it (a launched run: MPI's shared-memory split), else
@@ -162,9 +170,7 @@ def hpz_group_of(cfg, world_size: int, ranks_per_host: int | None = None) -> int
     size = getattr(cfg, "hpz_partition_size", 1)
     if size == 1:
         return None
-    if size == "host":
-        return ranks_per_host or world_size
-    return int(size)
+    return group_size_of(size, ranks_per_host or world_size)
 
 
 def shard_world_of(cfg, world_size: int, ranks_per_host: int | None = None) -> int:
@@ -174,9 +180,7 @@ def shard_world_of(cfg, world_size: int, ranks_per_host: int | None = None) -> i
     size = getattr(cfg, "hybrid_shard_size", None)
     if size is None:
         return world_size
-    if size == "host":
-        return ranks_per_host or world_size
-    return int(size)
+    return group_size_of(size, ranks_per_host or world_size)
 
 
 def overlap_buffers(
@@ -254,7 +258,7 @@ def buffer_bytes(
         for i in sorted(plan.persistent):
             held[f"persistent unit {i}"] = sizes.param * unit_numels[i]
         if overlap.quantize_block is not None:
-            held |= quantized_gather_bytes(
+            held |= quantized_gather_buffers(
                 wide // world_size, world_size, plan.buffers, overlap.quantize_block
             )
         if overlap.hpz_group is not None:  # hpZ's secondary copy: 1/G of every unit
@@ -283,12 +287,20 @@ def quantized_reduce_bytes(
     return held
 
 
-def quantized_gather_bytes(shard: int, world_size: int, lanes: int, block: int) -> dict[str, int]:
+def quantized_gather_bytes(numel: int, block: int) -> int:
+    """Bytes of numel values quantized (zero_ref/quantize.py): numel int8 values and a
+    float32 scale per block. A qwZ row's size in memory (quantized_gather_buffers) and,
+    for a padded unit, one quantized gather's bytes over all ranks (comm/ledger.py's
+    traffic formulas; what a rank sends is (W-1)/W of it)."""
+    return numel + SCALE_BYTES * (numel // block)
+
+
+def quantized_gather_buffers(shard: int, world_size: int, lanes: int, block: int) -> dict[str, int]:
     """qwZ's buffers (zero_ref/engine/quantized_gather.py): per gathered-unit buffer a
     send row of the widest slice quantized (shard int8 values, 4 bytes a block) and a
     receive row of every rank's, and one float32 slice the 16-bit paths widen and
     dequantize through."""
-    row = shard + SCALE_BYTES * (shard // block)
+    row = quantized_gather_bytes(shard, block)
     held = {}
     for k in range(lanes):
         held[f"qwZ send {k}"] = row

@@ -63,9 +63,10 @@ import numpy as np
 
 from zero_ref.config import AdamWConfig, ZeroConfig
 from zero_ref.dtypes import dtype_of, rounded
-from zero_ref.layout.buckets import plan_buckets
+from zero_ref.layout.buckets import bucket_plan
 from zero_ref.layout.flat import build_layout, layout_align, rank_rows
 from zero_ref.layout.grad_blocks import bucket_block_starts
+from zero_ref.memory_formulas import group_size_of
 from zero_ref.models.unit import Model, loss_and_grads, unit_params_view
 from zero_ref.optim.adamw import AdamWScalars, adamw_reference, adamw_scalars, with_lr
 from zero_ref.optim.gradnorm import clip_coefficient, sumsq_exact_reference
@@ -100,7 +101,7 @@ class GradientBlocks:
         units = [(u.name, [(s.name, tuple(s.shape)) for s in u.param_specs()]) for u in model.units]
         align, bits = layout_align(cfg), cfg.quantized_gradient_bits
         local = cfg.quantized_gradient_local_size
-        local = {"world": None, "host": host_size}.get(local, local)
+        local = None if local == "world" else group_size_of(local, host_size)
         return cls(units, align, cfg.bucket_numel, cfg.quantize_block, bits, local)
 
 
@@ -199,7 +200,7 @@ class Oracle:
             cfg.checkpoint_activations,
             blocks,
             cfg.quantized_weights and cfg.hpz_partition_size != 1,
-            None if hybrid is None else (shard_size if hybrid == "host" else int(hybrid)),
+            None if hybrid is None else group_size_of(hybrid, shard_size),
         )
 
     def loss_scale(self) -> float | None:
@@ -362,7 +363,7 @@ class Oracle:
             matrix = np.concatenate(
                 [rank_rows(full[u.full_slice()], u) for u in layout.units], axis=1
             )  # (W, shard_numel): row d goes to rank d
-            for bucket in _bucket_plan(layout, gb.bucket_numel):
+            for bucket in bucket_plan(layout, gb.bucket_numel):
                 cols = slice(bucket.shard_offset, bucket.shard_offset + bucket.shard_numel)
                 starts = bucket_block_starts(layout, bucket, gb.block)
                 matrix[:, cols] = quantized_rows(matrix[:, cols], starts, gb.bits)
@@ -456,14 +457,3 @@ class Oracle:
             dout = unit.backward(full, cache, dout, unit_grads)
             grads.update({f"{unit.name}.{k}": v for k, v in unit_grads.items()})
         return loss, grads
-
-
-def _bucket_plan(layout, bucket_numel: int):
-    """The engine's bucket plan of a layout (zero_ref/engine/grad_buckets.py's bucket_plan)."""
-    units = layout.units
-    return plan_buckets(
-        [u.shard_numel for u in units],
-        [u.shard_offset for u in units],
-        bucket_numel,
-        layout.world_size,
-    )

@@ -21,14 +21,9 @@ import numpy as np
 from zero_ref.app.cli import Parsed
 from zero_ref.checkpoint.manifest import MANIFEST, CheckpointError
 from zero_ref.checkpoint.reader import Checkpoint
-from zero_ref.checkpoint.space import (
-    FreeBytes,
-    check_run_space,
-    check_save_space,
-    disk_free_bytes,
-    save_steps,
-)
+from zero_ref.checkpoint.space import check_run_space, check_save_space, save_steps
 from zero_ref.checkpoint.writer import save_checkpoint
+from zero_ref.io.disk_space import FreeBytes, disk_free_bytes
 from zero_ref.models.unit import Model
 from zero_ref.optim.loss_scale import LossScaleState
 

@@ -18,29 +18,23 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from zero_ref.checkpoint.manifest import STATE_KINDS, CheckpointError, rank_file_name, tags_in
 from zero_ref.checkpoint.writer import build_manifest
 from zero_ref.errors import CollectiveError
+from zero_ref.io.disk_space import FreeBytes, disk_free_bytes
 from zero_ref.io.tensor_io import safetensors_file_bytes
 
-FreeBytes = Callable[[Path], int]  # a folder -> the bytes its filesystem has free for us
 LARGEST_CRC32 = 2**32 - 1  # the manifest's placeholder: no real CRC prints wider
 
 
 class SaveSpaceError(CheckpointError, CollectiveError):
     """The save folder cannot hold a checkpoint: every rank raises it together (before
     the first step it is bad input, exit 2; later the run stops before the save)."""
-
-
-def disk_free_bytes(folder: Path) -> int:
-    """The bytes an unprivileged writer may still use on folder's filesystem."""
-    return shutil.disk_usage(folder).free
 
 
 def rank_file_bytes(shard_numel: int) -> int:

@@ -92,13 +92,6 @@ def shard_and_replica_groups(comm: Comm, shard_size: int | str) -> tuple[Comm, C
     return shard, replicas
 
 
-def qgz_hops_for(cfg, comm: Comm) -> QgzHops | None:
-    """The hop groups a ZeroConfig asks for (a collective): None without qgZ."""
-    if not cfg.quantized_gradients:
-        return None
-    return qgz_hops(comm, cfg.quantized_gradient_local_size)
-
-
 def qgz_hops(comm: Comm, local_size: int | str) -> QgzHops | None:
     """qgZ's hop groups over comm (a collective; the ranks qgZ sums over: the world, or
     hybrid sharding's shard group), or None for one hop: local_size "world", or groups of

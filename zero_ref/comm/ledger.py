@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from zero_ref.dtypes import FP32, ElementBytes
 from zero_ref.layout.grad_blocks import GradientWire
+from zero_ref.memory_formulas import quantized_gather_bytes
 
 # The GPU path's PCIe copies: collectives staged through host memory, and ZeRO-Offload's
 # gradients down to the CPU optimizer and parameters back up.
@@ -210,13 +211,6 @@ class HierarchicalGathers:
     group: tuple[int, ...]
     block: int | None
     group_size: int
-
-
-def quantized_gather_bytes(numel: int, block: int) -> int:
-    """Bytes of one quantized gather of a unit of numel (padded) elements, all ranks'
-    slices together: numel int8 values and 4 bytes per block (what a rank sends is
-    (W-1)/W of it)."""
-    return numel + 4 * (numel // block)
 
 
 def expected_sent_bytes(

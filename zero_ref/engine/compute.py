@@ -66,9 +66,9 @@ def compute_for(device: str, offload_optimizer: str, host_place, device_place, c
     scratch (the engine's placement: in the memory ledger, and a device out-of-memory
     error names it); comm_ledger: the communication ledger for the offload's copies."""
     if device == "gpu" and offload_optimizer == "cpu":
-        from zero_ref.gpu.cpu_offload import CpuOffloadCompute
+        from zero_ref.gpu.cpu_offload import CpuOffloadCompute  # a CPU run loads no gpu module
 
-        return CpuOffloadCompute(HostCompute(), host_place, comm_ledger)
+        return CpuOffloadCompute(HostCompute(), host_place, comm_ledger.timed_copy)
     if device == "gpu":
         from zero_ref.gpu.compute import DeviceCompute  # numba.cuda only when asked
 

@@ -45,7 +45,7 @@ import numpy as np
 from zero_ref.comm.reduction import QuantizedWire
 from zero_ref.engine.collective_schedule import BlockingSchedule
 from zero_ref.engine.placement import HostPlacement
-from zero_ref.layout.buckets import Bucket, BucketPlan, plan_buckets
+from zero_ref.layout.buckets import Bucket, BucketPlan
 from zero_ref.layout.flat import FlatLayout, rank_rows
 from zero_ref.layout.grad_blocks import bucket_block_starts
 from zero_ref.quantize import segment_payload_bytes
@@ -229,17 +229,6 @@ def flow_for(schedule: BlockingSchedule, landing, place, widest: int, dtype, red
     if schedule.lanes == 1:
         return BlockingFlow(schedule, landing, reduce)
     return OverlappedFlow(schedule, landing, place, widest, dtype, reduce)
-
-
-def bucket_plan(layout: FlatLayout, bucket_numel: int) -> BucketPlan:
-    """The plan of a layout's shard space (zero_ref/layout/buckets.py)."""
-    units = layout.units
-    return plan_buckets(
-        [u.shard_numel for u in units],
-        [u.shard_offset for u in units],
-        bucket_numel,
-        layout.world_size,
-    )
 
 
 class RowsOfFullGradient:

@@ -19,11 +19,12 @@ from __future__ import annotations
 import numpy as np
 
 from zero_ref.comm.collectives import Comm
-from zero_ref.engine.grad_buckets import GradientBuckets, RowsOfFullGradient, bucket_plan
+from zero_ref.engine.grad_buckets import GradientBuckets, RowsOfFullGradient
 from zero_ref.engine.grad_quantization import grad_quantization_for
 from zero_ref.engine.grad_shard import GradShardInRam
 from zero_ref.engine.init_source import InitSource
 from zero_ref.engine.stage0 import Stage0DataParallel
+from zero_ref.layout.buckets import bucket_plan
 from zero_ref.layout.flat import Owned, UnitLayout, rank_rows
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from zero_ref.engine.grad_buckets import bucket_plan
 from zero_ref.engine.grad_shard import grad_shard_for
 from zero_ref.engine.stage1 import Stage1OptimizerSharded
+from zero_ref.layout.buckets import bucket_plan
 from zero_ref.layout.flat import UnitLayout, tensor_views
 
 

@@ -16,24 +16,37 @@ run on the same values; only where they run changes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Protocol
 
 from zero_ref.gpu.copies import copy_in, copy_out, host_dtype
 
-if TYPE_CHECKING:
-    from zero_ref.comm.ledger import CommLedger
-    from zero_ref.engine.compute import HostCompute
+# kind, nbytes -> a context that times the copy inside it and records it (CommLedger.timed_copy)
+TimedCopy = Callable[[str, int], AbstractContextManager[None]]
+
+
+class HostUpdate(Protocol):
+    """The CPU path's update phase this policy runs on host copies: the engine's
+    HostCompute (engine/compute.py), declared here by what is called, so that gpu, below
+    the engine, imports nothing from it."""
+
+    def grad_norm(self, grads: Sequence, divisor, comm, exact: bool) -> float: ...
+
+    def first_nonfinite(self, grads: Sequence) -> int | None: ...
+
+    def update(self, param, grad, master, exp_avg, exp_avg_sq, divisor, coef, s) -> None: ...
 
 
 class CpuOffloadCompute:
-    """HostCompute on host copies of the device's gradients and parameters. It is
-    handed the HostCompute it runs (engine/compute.py's compute_for makes it), so this
-    module, below the engine, imports nothing from it."""
+    """HostCompute on host copies of the device's gradients and parameters. It is handed
+    the HostCompute it runs and the communication ledger's timed_copy (engine/compute.py's
+    compute_for passes both), so this module, below the engine and comm, imports neither."""
 
-    def __init__(self, host: HostCompute, place, comm_ledger: CommLedger) -> None:
+    def __init__(self, host: HostUpdate, place, timed_copy: TimedCopy) -> None:
         self.host_compute = host  # the CPU path's update phase, run on the host copies
         self.place = place  # a HostPlacement for the copies
-        self.comm_ledger = comm_ledger  # the copies are counted there, apart from MPI's
+        self.timed_copy = timed_copy  # the copies are counted there, apart from MPI's
         self.host: dict[int, tuple] = {}  # slice index -> (host param, host grad), reused
         self.pending: list[tuple] = []  # (device param, host param) to move up after update
 
@@ -77,6 +90,6 @@ class CpuOffloadCompute:
         return self.host[i]
 
     def _copy(self, kind: str, move, array) -> None:
-        with self.comm_ledger.timed_copy(kind, array.nbytes):
+        with self.timed_copy(kind, array.nbytes):
             if array.shape[0]:
                 move()

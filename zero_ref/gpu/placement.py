@@ -12,21 +12,26 @@ bitwise the host's, on bf16 held as its 16 bits.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from zero_ref.gpu.arrays import DeviceArrays
 from zero_ref.gpu.device import Where, check_usable
 
-if TYPE_CHECKING:
-    from zero_ref.engine.memory import MemoryLedger
+
+class HoldsOnDevice(Protocol):
+    """What this placement asks of the memory ledger it is handed (the engine's
+    MemoryLedger, engine/memory.py): declared here, so that gpu, below the engine, does
+    not import it."""
+
+    def hold_on_device(self, category: str, name: str, array: object) -> object: ...
 
 
 class DevicePlacement(DeviceArrays):
     """Arrays in device memory, each registered with the ledger under its category."""
 
-    def __init__(self, memory: MemoryLedger, where: Where) -> None:
+    def __init__(self, memory: HoldsOnDevice, where: Where) -> None:
         self.description = check_usable()  # DeviceSetupError before anything is allocated
         super().__init__(where)
         self.memory = memory  # the engine's memory ledger (this module is below the engine)

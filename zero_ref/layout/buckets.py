@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from zero_ref.layout.flat import FlatLayout
+
 
 @dataclass(frozen=True)
 class Bucket:
@@ -101,3 +103,15 @@ def plan_buckets(
     first = units[np.searchsorted(ends, starts, side="right")] if len(tops) else tops
     last = units[np.searchsorted(offsets[units], tops, side="left") - 1] if len(tops) else tops
     return BucketPlan(first, last, starts, tops - starts)
+
+
+def bucket_plan(layout: FlatLayout, bucket_numel: int) -> BucketPlan:
+    """The plan of a layout's shard space: the one the engine's stages 1-3 reduce by and
+    the oracle's qgZ model rounds by (plan_buckets on the layout's units)."""
+    units = layout.units
+    return plan_buckets(
+        [u.shard_numel for u in units],
+        [u.shard_offset for u in units],
+        bucket_numel,
+        layout.world_size,
+    )

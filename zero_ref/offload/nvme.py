@@ -18,27 +18,26 @@ import os
 import re
 import shutil
 import socket
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from zero_ref.io.atomic import process_alive
+from zero_ref.io.disk_space import FreeBytes, disk_free_bytes
 from zero_ref.offload.malloc import return_freed_arrays_to_os
 from zero_ref.offload.swap_file import F32, OffloadIOError, OffloadSetupError, SwapFile
 
-if TYPE_CHECKING:  # the engine's memory ledger: offload is below the engine
-    from zero_ref.engine.memory import MemoryLedger
+
+class HoldsOnDisk(Protocol):
+    """What a store asks of the memory ledger it is handed (the engine's MemoryLedger,
+    engine/memory.py): declared here, so that offload, below the engine, does not import it."""
+
+    def hold_on_disk(self, category: str, name: str, array: np.ndarray) -> np.ndarray: ...
+
 
 FOLDER = re.compile(r"zero_ref_swap_r(\d+)_p(\d+)$")
-FreeBytes = Callable[[Path], int]  # a folder -> the bytes its filesystem has free for us
-
-
-def disk_free_bytes(folder: Path) -> int:
-    """The bytes an unprivileged writer may still use on folder's filesystem."""
-    return shutil.disk_usage(folder).free
 
 
 def check_folder(nvme_path: str) -> Path:
@@ -137,7 +136,7 @@ class NvmeStore:
         self,
         nvme_path: str,
         rank: int,
-        ledger: MemoryLedger,
+        ledger: HoldsOnDisk,
         nbytes: int,
         mpi_comm=None,
         free_bytes: FreeBytes = disk_free_bytes,
