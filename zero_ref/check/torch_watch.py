@@ -25,10 +25,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from zero_ref.check import torch_optim
+from zero_ref.check import torch_settings
 from zero_ref.check.record import NORMALIZATIONS, RunSpec, StepRecord
 from zero_ref.check.torch_capture import capture_for, to_numpy
-from zero_ref.check.torch_optim import read_groups, scaler_spec
+from zero_ref.check.torch_settings import read_groups, scaler_spec
 
 ON_MISMATCH = ("raise", "report")
 
@@ -92,7 +92,7 @@ class Watcher:
         initial = self.capture.full_params()
         self.spec = RunSpec(
             world=self.world,
-            optimizer=torch_optim.optimizer_kind(optimizer, optimizer_kind),
+            optimizer=torch_settings.optimizer_kind(optimizer, optimizer_kind),
             names=names,
             shapes={n: tuple(initial[n].shape) for n in names},
             normalization=normalization,
