@@ -95,7 +95,9 @@ def oracle_step(spec: RunSpec, record: StepRecord, state: OracleState, plan: Pla
             plan.optimizer, s, g, d_g, group_of[name], step=count + plan.step_offset, u=u
         )
         params[name], updates[name] = out.state, (out.update, out.d_update)
-    new = OracleState(params, state.steps_taken + 1, scale, tracker, previous)
+    # what .grad holds after the step, for grads_not_zeroed: clip_grad_norm_ scales it in place
+    left_in_grad = {k: applied[k] for k in spec.names}
+    new = OracleState(params, state.steps_taken + 1, scale, tracker, left_in_grad)
     expected_scale = state.scale if state.scale is not None else record.scale
     after = {k: (s.p, s.d_p) for k, s in params.items()}
     return Expected(

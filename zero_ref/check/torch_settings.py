@@ -77,9 +77,14 @@ def read_groups(
                 momentum=float(group.get("momentum", 0.0)),
                 dampening=float(group.get("dampening", 0.0)),
                 nesterov=bool(group.get("nesterov", False)),
+                initial_lr=_number_or_none(group.get("initial_lr")),  # set by LR schedulers
             )
         )
     return tuple(groups)
+
+
+def _number_or_none(value: object) -> float | None:
+    return None if value is None else float(value)
 
 
 def scaler_spec(scaler: torch.amp.GradScaler | None) -> ScalerSpec | None:

@@ -20,6 +20,8 @@ for `python -m zero_ref.check FOLDER`. Nothing the run computes is changed.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 import torch
@@ -63,6 +65,9 @@ class Watcher:
         optimizer_kind: str | None = None,
         on_mismatch: str = "raise",
         keep_records: bool = False,
+        lr_schedule: Sequence[float] | None = None,
+        reduce_dtype: str = "float32",
+        param_dtype: str = "float32",
     ) -> None:
         if normalization not in NORMALIZATIONS:
             raise ValueError(
@@ -99,6 +104,9 @@ class Watcher:
             clip_max_norm=clip_max_norm,
             scaler=scaler_spec(scaler),
             framework=self.capture.framework,
+            reduce_dtype=reduce_dtype,
+            param_dtype=param_dtype,
+            lr_schedule=None if lr_schedule is None else tuple(map(float, lr_schedule)),
         )
         read_groups(optimizer, self._names_by_id)  # a parameter the model lacks: refused now
         self.optimizer = optimizer
@@ -150,7 +158,7 @@ class Watcher:
         self._weights.append(float(weight) if weight is not None else 1.0)
         if self.scaler is not None and self.scaler.is_enabled():
             self._scale = float(self.scaler.get_scale())
-        loss.register_hook(lambda g, j=j: self._loss_grad.__setitem__(j, float(g)))
+        loss.register_hook(partial(self._record_loss_grad, j))
         return loss
 
     micro_step = loss
@@ -190,6 +198,12 @@ class Watcher:
         g, current = to_numpy(grad), self._micro[-1]
         current[name] = current[name] + g if name in current else g  # two backwards: summed
 
+    def _record_loss_grad(self, j: int, grad: torch.Tensor) -> None:
+        """Summed like the parameters' gradients: a second backward through the same loss
+        (retain_graph) adds to both, so their ratio stays the loss's gradient."""
+        before = self._loss_grad[j]
+        self._loss_grad[j] = float(grad) + (before or 0.0)
+
     def _before_step(self, optimizer: object, args: object, kwargs: object) -> None:
         self._applied = self.capture.full_grads()
         self._groups = read_groups(self.optimizer, self._names_by_id)
@@ -223,9 +237,11 @@ class Watcher:
             )
         params_after = self.capture.full_params()
         shards = self.capture.shards()
-        finish_step(self, params_after, shards, skipped)
-        self._micro, self._loss_grad, self._weights = [], [], []
-        self._reported_norm, self._applied = None, None
+        try:
+            finish_step(self, params_after, shards, skipped)
+        finally:  # checked (or failed): these micro-steps are done with either way
+            self._micro, self._loss_grad, self._weights = [], [], []
+            self._reported_norm, self._applied = None, None
 
 
 def watch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, **options) -> Watcher:
