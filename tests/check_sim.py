@@ -37,6 +37,9 @@ class SimRun:
     no_grad_steps: dict[int, str] = field(default_factory=dict)  # step -> a name with no grad
     schedule: tuple[float, ...] | None = None
     bugs: frozenset[str] = frozenset()
+    normalization: str = "mean"  # the user's declared loss; "weighted": by token counts
+    reduce_dtype: str = "float32"  # "bfloat16": the all-reduce rounds to bf16 (FSDP2's policy)
+    declare_reduce_dtype: str | None = None  # what the spec says (None: reduce_dtype)
     resume_at: int | None = None  # for state_reset_on_resume
     seed: int = 0
     shapes: dict[str, tuple[int, ...]] = field(
@@ -67,6 +70,8 @@ class SimRun:
             clip_max_norm=self.clip,
             scaler=ScalerSpec(growth_interval=self.growth_interval) if self.scaler else None,
             lr_schedule=self.schedule,
+            normalization=self.normalization,
+            reduce_dtype=self.declare_reduce_dtype or self.reduce_dtype,
         )
 
 
@@ -89,8 +94,10 @@ def simulate(run: SimRun, steps: int):
         lr_factor = 1.0 if run.schedule is None else run.schedule[_lr_index(run, step) - 1]
         groups = run.groups(lr_factor, run.lr)
         missing = run.no_grad_steps.get(step)
-        c = F(1.0 / a) * (scale if run.scaler else F(1.0))
-        micro = [[_grads(run, rng, missing, c, step, j) for r in range(n)] for j in range(a)]
+        weights, c = _loss_factors(run, rng)
+        if run.scaler:
+            c = [[F(x * scale) for x in row] for row in c]
+        micro = [[_grads(run, rng, missing, c[j][r], step, j) for r in range(n)] for j in range(a)]
         acc = _reduce(run, micro, leftover)
         found_inf = run.scaler and not all(np.isfinite(g).all() for g in acc.values())
         applied, norm = _unscale_and_clip(run, acc, scale, tracker, found_inf)
@@ -99,7 +106,8 @@ def simulate(run: SimRun, steps: int):
         record = StepRecord(
             step=step,
             micro_grads=micro,
-            loss_grad=[[float(c)] * n for _ in range(a)],
+            loss_grad=[[float(x) for x in row] for row in c],
+            weights=weights,
             groups=groups,
             applied_grads={} if found_inf else applied,
             params_after={k: v.copy() for k, v in params.items()},
@@ -110,8 +118,8 @@ def simulate(run: SimRun, steps: int):
         )
         if "grads_not_zeroed" not in run.bugs:
             leftover = {k: np.zeros(s, F) for k, s in run.shapes.items()}
-        else:
-            leftover = acc
+        else:  # .grad as the step left it: unscaled and clipped in place
+            leftover = {k: applied.get(k, np.zeros(s, F)).copy() for k, s in run.shapes.items()}
         if run.scaler:
             scale, tracker = _scaler_update(run, scale, tracker, found_inf)
         yield record
@@ -123,6 +131,25 @@ def _lr_index(run: SimRun, step: int) -> int:
     if "lr_one_step_late" in run.bugs:
         return max(step - 1, 1)
     return step
+
+
+def _loss_factors(run: SimRun, rng) -> tuple[list | None, list[list]]:
+    """The weights the user declares and the factor c[j][r] their backward applies.
+
+    mean: (loss / A).backward(), DDP averages over ranks. sum: loss.backward(), and the
+    reduction sums (no division anywhere). weighted: each micro-batch's mean loss times
+    tokens[j][r] * N / total tokens (the N undoes DDP's mean), the global token mean;
+    the bug token_mean_per_micro_batch divides by A instead, as if tokens were equal."""
+    a, n = run.accum, run.world
+    if run.normalization == "sum":
+        return None, [[F(1.0)] * n for _ in range(a)]
+    if run.normalization == "mean" or "token_mean_per_micro_batch" in run.bugs:
+        tokens = rng.integers(1, 50, size=(a, n)) if run.normalization == "weighted" else None
+        weights = None if tokens is None else (tokens / tokens.sum()).tolist()
+        return weights, [[F(1.0 / a)] * n for _ in range(a)]
+    tokens = rng.integers(1, 50, size=(a, n))
+    weights = tokens / tokens.sum()
+    return weights.tolist(), [[F(w * n) for w in row] for row in weights]
 
 
 def _grads(run, rng, missing, c, step, j) -> dict[str, np.ndarray]:
@@ -162,11 +189,23 @@ def _reduce(run, micro, leftover) -> dict[str, np.ndarray]:
     produced = {k for ranks in micro for grads in ranks for k in grads} | set(
         leftover_names(leftover)
     )
-    total = {k: sum((per_rank[r][k] for r in range(1, n)), per_rank[0][k]) for k in produced}
-    if "world_not_divided" in run.bugs:
+    wire = _bf16 if run.reduce_dtype == "bfloat16" else (lambda x: x)
+    total = {}
+    for k in produced:  # rank order, every partial sum rounded to the wire's dtype
+        total[k] = wire(per_rank[0][k])
+        for r in range(1, n):
+            total[k] = wire(total[k] + wire(per_rank[r][k]))
+    if "world_not_divided" in run.bugs or run.normalization == "sum":
         return total
     div = F(n * n) if "world_divided_twice" in run.bugs else F(n)
-    return {k: (v / div).astype(F) for k, v in total.items()}
+    return {k: wire((v / div).astype(F)) for k, v in total.items()}
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 -> float32, round to nearest even (finite values)."""
+    bits = np.ascontiguousarray(x, F).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.astype(np.uint32).view(F).reshape(np.shape(x))
 
 
 def leftover_names(leftover: dict[str, np.ndarray]) -> list[str]:

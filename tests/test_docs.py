@@ -95,6 +95,10 @@ def check_command(cmd, clone: Path, monkeypatch, capsys) -> None:
         from zero_ref.consolidate import build_parser
 
         build_parser().parse_args(args)
+    elif cmd.module == "zero_ref.check":
+        from zero_ref.check.__main__ import build_parser
+
+        build_parser().parse_args(args)
     elif cmd.script:
         parse_script(clone / cmd.script, args, monkeypatch)
     else:

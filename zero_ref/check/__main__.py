@@ -16,7 +16,7 @@ from zero_ref.check.record import RecordError
 from zero_ref.check.records_io import read_run
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m zero_ref.check", description=__doc__.split("\n")[0]
     )
@@ -27,7 +27,11 @@ def main(argv: list[str] | None = None) -> int:
         help="stop after the first flagged step (later steps follow from it)",
     )
     parser.add_argument("--quiet", action="store_true", help="print only flagged steps")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     steps, flagged = 0, []
     try:
         spec, initial, records = read_run(args.records)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from zero_ref.check.compare import Mismatch, compare
-from zero_ref.check.diagnoses import CATALOGUE, StepContext, diagnose
-from zero_ref.check.oracle_step import initial_state, oracle_step
+from zero_ref.check.diagnoses import CATALOGUE, StepContext, diagnose, follow
+from zero_ref.check.oracle_step import OracleState, initial_state, oracle_step
 from zero_ref.check.plan import default_plan
 from zero_ref.check.record import RecordError, RunSpec, StepRecord, validate_record
 
@@ -41,7 +41,7 @@ class Verdict:
     ok: bool
     first: Mismatch | None
     diagnoses: tuple[str, ...]
-    since: int | None = None  # an earlier flagged step: the oracle has left the run since
+    since: int | None = None  # the first of the flagged steps running up to this one
 
     def __str__(self) -> str:
         if self.ok:
@@ -92,6 +92,8 @@ class Checker:
         self._last_step: int | None = None
         self._last_passed: StepContext | None = None  # persistent hypotheses must fit it too
         self._first_flagged: int | None = None
+        # after the first flagged step: each diagnosis and the oracle's state under it
+        self._shadows: dict[str, OracleState] | None = None
 
     def check(self, record: StepRecord) -> Verdict:
         """Check one optimizer step (the next one of the run) and advance the oracle."""
@@ -107,9 +109,14 @@ class Checker:
         names: tuple[str, ...] = ()
         now = StepContext(record, self._state, self._run_params, plan)
         if first is None:
-            self._last_passed = now
+            # a passing step: the run is back on the oracle's track
+            self._last_passed, self._shadows, self._first_flagged = now, None, None
+        elif self._shadows is None:
+            self._shadows = diagnose(self.spec, now, self._last_passed)
         else:
-            names = diagnose(self.spec, now, self._last_passed)
+            self._shadows = follow(self.spec, self._shadows, now)
+        if first is not None:
+            names = tuple(self._shadows)
         self._state = expected.state  # the oracle keeps its own trajectory, right or wrong
         self._run_params = {k: v.astype(np.float64) for k, v in record.params_after.items()}
         self._last_step = record.step

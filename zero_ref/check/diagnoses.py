@@ -74,8 +74,18 @@ def micro_steps_overwritten(spec, record, state, plan) -> list[Plan]:
 
 
 def micro_batch_counted_twice(spec, record, state, plan) -> list[Plan]:
-    """One micro-step's gradient added twice (each j tried)."""
-    return [_rows(plan, j, 2.0) for j in range(plan.weights.shape[0])]
+    """One micro-step's gradient added twice (each j tried; with A = 1 this is a factor
+    of 2 on the whole gradient, which world_not_divided and others already say)."""
+    a = plan.weights.shape[0]
+    return [_rows(plan, j, 2.0) for j in range(a)] if a > 1 else []
+
+
+def token_mean_per_micro_batch(spec, record, state, plan) -> list[Plan]:
+    """A global token mean declared, but each micro-batch's loss averaged over its own
+    tokens and the micro-batches weighted equally (loss / A), whatever their tokens."""
+    if spec.normalization != "weighted":
+        return []
+    return [replace(plan, weights=np.full_like(plan.weights, 1.0 / plan.weights.size))]
 
 
 def grads_not_zeroed(spec, record, state, plan) -> list[Plan]:
@@ -229,6 +239,12 @@ CATALOGUE: dict[str, Hypothesis] = {
     "micro_batch_counted_twice": Hypothesis(
         micro_batch_counted_twice, "one micro-step's gradient is added twice"
     ),
+    "token_mean_per_micro_batch": Hypothesis(
+        token_mean_per_micro_batch,
+        "each micro-batch's loss is a mean over its own tokens and the micro-batches count "
+        "equally, instead of the mean over the step's tokens",
+        persistent=True,
+    ),
     "grads_not_zeroed": Hypothesis(
         grads_not_zeroed, "the previous step's gradient is still in .grad (zero_grad missing)"
     ),
@@ -291,30 +307,53 @@ CATALOGUE: dict[str, Hypothesis] = {
 }
 
 
-def diagnose(spec: RunSpec, now: StepContext, before: StepContext | None = None) -> tuple[str, ...]:
-    """The names of the hypotheses under which the run's step `now` is inside the bound;
-    a persistent one only if it also reproduces `before`, the last step that passed."""
-    found = []
+def diagnose(
+    spec: RunSpec, now: StepContext, before: StepContext | None = None
+) -> dict[str, OracleState]:
+    """The hypotheses under which the run's step `now` is inside the bound, each with the
+    oracle's state after the step under it; a persistent one only if it also reproduces
+    `before`, the last step that passed."""
+    found = {}
     for name, hypothesis in CATALOGUE.items():
-        if not reproduces(spec, hypothesis, now):
+        after = reproducing(spec, hypothesis, now)
+        if after is None:
             continue
         if (
             hypothesis.persistent
             and before is not None
-            and not reproduces(spec, hypothesis, before)
+            and reproducing(spec, hypothesis, before) is None
         ):
             continue
-        found.append(name)
-    return tuple(found)
+        found[name] = after
+    return found
 
 
-def reproduces(spec: RunSpec, hypothesis: Hypothesis, ctx: StepContext) -> bool:
-    """Whether some variant of the hypothesis puts the run's step inside the bound (a
-    hypothesis with no variant at this step changes nothing: it reproduces a step only
-    where the correct plan already does)."""
-    variants = hypothesis.variants(spec, ctx.record, ctx.state, ctx.plan) or [ctx.plan]
+def follow(
+    spec: RunSpec, shadows: dict[str, OracleState], now: StepContext
+) -> dict[str, OracleState]:
+    """The steps after the first flagged one: each diagnosis kept so far is kept if the run's
+    step is inside the bound from that diagnosis's own trajectory, under the bug again (a
+    convention kept) or under the correct plan (a bug that struck once, like a reset)."""
+    kept = {}
+    for name, state in shadows.items():
+        ctx = replace(now, state=state)
+        after = reproducing(spec, CATALOGUE[name], ctx, also_correct=True)
+        if after is not None:
+            kept[name] = after
+    return kept
+
+
+def reproducing(
+    spec: RunSpec, hypothesis: Hypothesis, ctx: StepContext, also_correct: bool = False
+) -> OracleState | None:
+    """The oracle's state after the step under the first variant of the hypothesis that puts
+    the run's step inside the bound, or None (a hypothesis with no variant at this step
+    changes nothing: it reproduces a step only where the correct plan already does)."""
+    variants = hypothesis.variants(spec, ctx.record, ctx.state, ctx.plan)
+    if also_correct or not variants:
+        variants = [*variants, ctx.plan]
     for variant in variants:
         expected = oracle_step(spec, ctx.record, ctx.state, variant)
         if compare(spec, ctx.record, ctx.run_before, expected, variant.ignores) is None:
-            return True
-    return False
+            return expected.state
+    return None

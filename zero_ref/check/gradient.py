@@ -67,10 +67,11 @@ def step_gradient(spec: RunSpec, record: StepRecord, weights: np.ndarray, u: flo
         for r, grads in enumerate(ranks):
             factor = weights[j, r] / record.loss_grad[j][r]
             for name, g in grads.items():
-                term = factor * g.astype(np.float64)
-                full[name] += term
-                per_rank[r][name] += term
-                total_abs[name] += np.abs(term)
+                with np.errstate(invalid="ignore", over="ignore"):  # fp16 overflow: Inf, NaN
+                    term = factor * g.astype(np.float64)
+                    full[name] += term
+                    per_rank[r][name] += term
+                    total_abs[name] += np.abs(term)
                 present.add(name)
     roundings = n_terms + 2
     d_full = {k: roundings * u * total_abs[k] for k in spec.names}

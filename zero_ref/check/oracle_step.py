@@ -150,17 +150,14 @@ def _clip_per_rank(
     spec: RunSpec, grad: gr.Gradient, max_norm: float, u: float
 ) -> dict[str, Bounded]:
     """Each rank clips its own unreduced gradient (what it holds before a mean reduction:
-    N times its part), then the parts are summed (clipping before the all-reduce)."""
-    out = {k: (np.zeros(spec.shapes[k]), np.zeros(spec.shapes[k])) for k in spec.names}
-    for part in grad.per_rank:
-        coef = gr.clip_coef(spec.world * gr.global_norm(part), max_norm)
-        for k in spec.names:
-            g, d = out[k]
-            term = coef * part[k]
-            out[k] = (g + term, d + (spec.world + 3) * u * np.abs(term))
-    for k in spec.names:  # the reduction's own bound, as for the unclipped gradient
-        g, d = out[k]
-        out[k] = (g, d + grad.d_full[k])
+    N times its part), then the parts are summed (clipping before the all-reduce). The
+    reduction's bound shrinks with the largest coefficient, the clip adds its roundings."""
+    coefs = [gr.clip_coef(spec.world * gr.global_norm(part), max_norm) for part in grad.per_rank]
+    out = {}
+    for k in spec.names:
+        terms = [c * part[k] for c, part in zip(coefs, grad.per_rank, strict=True)]
+        rounding = (spec.world + 3) * u * sum(np.abs(t) for t in terms)
+        out[k] = (sum(terms), max(coefs) * grad.d_full[k] + rounding)
     return out
 
 

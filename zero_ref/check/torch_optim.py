@@ -80,12 +80,14 @@ def adam_step(
     v = np.zeros_like(p) if s.exp_avg_sq is None else s.exp_avg_sq
     d_v = np.zeros_like(p) if s.d_exp_avg_sq is None else s.d_exp_avg_sq
     p1, d_p1 = p, d_p
+    # torch casts each Python scalar (1 - lr wd, wd, step_size, eps) to the tensor's
+    # dtype before using it: one rounding more per scalar, counted with its operation
     if wd != 0 and decoupled:  # adam.py:419, param.mul_(1 - lr * weight_decay)
         p1 = p * (1 - lr * wd)
-        d_p1 = abs(1 - lr * wd) * d_p + u * np.abs(p1)
+        d_p1 = abs(1 - lr * wd) * d_p + 2 * u * np.abs(p1)
     elif wd != 0:  # adam.py:428, grad = grad.add(param, alpha=weight_decay)
         g = g + wd * p
-        d_g = d_g + wd * d_p + u * np.abs(g)
+        d_g = d_g + wd * d_p + u * (np.abs(g) + wd * np.abs(p))
     # adam.py:456, exp_avg.lerp_(grad, 1 - beta1): two roundings of |g - m| at most
     m_new = m + (1 - beta1) * (g - m)
     d_m_new = beta1 * d_m + (1 - beta1) * d_g + 2 * u * np.abs(g - m) + u * np.abs(m_new)
@@ -114,7 +116,7 @@ def adam_step(
         exp_avg_sq=v_new,
         d_exp_avg_sq=d_v_new,
     )
-    decay_in_update = lr * wd * d_p + u * np.abs(p1) if (wd != 0 and decoupled) else 0.0
+    decay_in_update = lr * wd * d_p + 2 * u * np.abs(p1) if (wd != 0 and decoupled) else 0.0
     return Update(new, p - p_new, decay_in_update + d_upd + u * np.abs(p_new))
 
 
@@ -125,9 +127,9 @@ def sgd_step(
     dampening), dampening, nesterov (sgd.py:343-379)."""
     lr, wd, mom, damp = h.lr, h.weight_decay, h.momentum, h.dampening
     p, d_p = s.p, s.d_p
-    if wd != 0:  # sgd.py:355
+    if wd != 0:  # sgd.py:355 (wd, momentum, 1 - dampening, lr: cast to the dtype, as in Adam)
         g = g + wd * p
-        d_g = d_g + wd * d_p + u * np.abs(g)
+        d_g = d_g + wd * d_p + u * (np.abs(g) + wd * np.abs(p))
     buf, d_buf = s.momentum_buffer, s.d_momentum_buffer
     if mom != 0:
         if buf is None:  # sgd.py:361, buf = grad.detach().clone()
@@ -135,14 +137,14 @@ def sgd_step(
         else:  # sgd.py:364, buf.mul_(momentum).add_(grad, alpha=1 - dampening)
             terms = np.abs(mom * buf) + np.abs((1 - damp) * g)
             buf = mom * buf + (1 - damp) * g
-            d_buf = mom * d_buf + (1 - damp) * d_g + 2 * u * terms
+            d_buf = mom * d_buf + (1 - damp) * d_g + 3 * u * terms
         if h.nesterov:  # sgd.py:367
-            d_g = d_g + mom * d_buf + u * (np.abs(g) + mom * np.abs(buf))
+            d_g = d_g + mom * d_buf + 2 * u * (np.abs(g) + mom * np.abs(buf))
             g = g + mom * buf
         else:
             g, d_g = buf, d_buf
     upd = lr * g  # sgd.py:379, param.add_(grad, alpha=-lr): one fused rounding
-    d_upd = lr * d_g + u * np.abs(upd)
+    d_upd = lr * d_g + 2 * u * np.abs(upd)
     p_new = p - upd
     new = replace(
         s,
