@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 
-from tests.torch_zoo_loops import Loop, all_reduce_mean, nothing
+from tests.torch_zoo_loops import Loop, all_reduce_mean, backward_scaled, backward_weighted, nothing
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,8 @@ DDP, FSDP2 = Loop(), Loop(framework="fsdp2")
 BY_HAND = Loop(framework="replicated", reduce=all_reduce_mean)
 MINE = Loop(optimizer="mine", aux_every_other=True, declared={"optimizer_kind": "adamw"})
 SCHEDULED = Loop(schedule=True)
+SCALED = Loop(scaler="torch", backward=backward_scaled, overflow_at=5)  # step 5 skipped
+MY_SCALER = replace(SCALED, scaler="mine")
 
 
 def _scheduled_declared() -> Loop:
@@ -111,6 +113,10 @@ CLEAN = [
     Case("fsdp2_sgd_nesterov", Loop(framework="fsdp2", optimizer="sgd_nesterov")),
     Case("ddp_schedule", _scheduled_declared()),
     Case("ddp_unused_aux", Loop(aux_every_other=True)),
+    Case("ddp_grad_scaler", SCALED),
+    Case("ddp_my_scaler", MY_SCALER),
+    Case("ddp_row_mean", Loop(weighted=True, backward=backward_weighted,
+                              declared={"normalization": "weighted"})),
     Case("by_hand_sum", replace(BY_HAND, reduce=sum_over_ranks, backward=backward_not_divided,
                                 declared={"normalization": "sum"})),
 ]  # fmt: skip
@@ -146,6 +152,8 @@ BUGGY = [
          "step_counted_without_grad", 3, "ddp_mine", "DeepSpeed PR #8471"),
     Case("scheduler_early", replace(_scheduled_declared(), scheduler_first=True),
          "lr_one_step_early", 1, "ddp_schedule", ""),
+    Case("unscaled_updated", replace(MY_SCALER, scaler="mine_update_first"),
+         "unscale_with_updated_scale", 3, "ddp_my_scaler", "DeepSpeed PR #2695, PR #8588"),
     Case("state_reset", replace(DDP, after_step=reset_optimizer_after_3),
          "state_reset_on_resume", 4, "ddp", "Megatron-DeepSpeed #248, databricks/flashoptim #3"),
 ]  # fmt: skip

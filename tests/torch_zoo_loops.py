@@ -53,6 +53,7 @@ class Ctx:
     world: int
     step: int = 0
     sched: object = None
+    scaler: object = None  # torch.amp.GradScaler or the user's own (tests/torch_zoo_optim.py)
     saved: dict = field(default_factory=dict)
 
 
@@ -98,6 +99,9 @@ class Loop:
     clip_step: Callable = clip_global  # (ctx) -> the norm, or None
     zero_grad: bool = True
     after_step: Callable = nothing  # (ctx) after optimizer.step and the scheduler
+    scaler: str | None = None  # "torch" (GradScaler) or "mine" (MyLossScaler)
+    overflow_at: int | None = None  # the step at which rank 0's micro-step 1 overflows
+    weighted: bool = False  # micro-batches of 2 to 5 rows: the loss is the global row mean
 
 
 def lr_factor(t: int) -> float:
@@ -119,7 +123,29 @@ def build(loop: Loop, rank: int, world: int) -> Ctx:
     ctx = Ctx(model, opt, loop, rank, world)
     if loop.schedule:
         ctx.sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
+    if loop.scaler is not None:
+        from tests.torch_zoo_optim import make_scaler
+
+        ctx.scaler = make_scaler(loop.scaler)
     return ctx
+
+
+def rows(rank: int, step: int, micro: int) -> int:
+    """The weighted loops' micro-batch size: 2 to 5 rows, different on every rank."""
+    return 2 + (rank + micro + step) % 4
+
+
+def backward_weighted(ctx: Ctx, loss: torch.Tensor, j: int) -> None:
+    """loss (this micro-batch's row mean) times its share of the step's rows, times N:
+    DDP's average over ranks then gives the mean over every row of the step."""
+    total = sum(
+        rows(r, ctx.step, i) for r in range(ctx.world) for i in range(ctx.loop.accumulation)
+    )
+    (loss * rows(ctx.rank, ctx.step, j) * ctx.world / total).backward()
+
+
+def backward_scaled(ctx: Ctx, loss: torch.Tensor, j: int) -> None:
+    (ctx.scaler.scale(loss) / ctx.loop.accumulation).backward()
 
 
 def wrap(model: nn.Module, framework: str, world: int) -> nn.Module:
@@ -163,7 +189,8 @@ def train(loop: Loop, rank: int, world: int, watch_options: dict | None = None) 
     ctx.saved["initial_optimizer"] = copy.deepcopy(ctx.opt.state_dict())  # empty state
     w = None
     if watch_options is not None:
-        w = watch(ctx.model, ctx.opt, clip_max_norm=loop.clip, **loop.declared, **watch_options)
+        declared = dict(loop.declared, scaler=ctx.scaler) if ctx.scaler else loop.declared
+        w = watch(ctx.model, ctx.opt, clip_max_norm=loop.clip, **declared, **watch_options)
     try:
         for step in range(1, loop.steps + 1):
             ctx.step = step
@@ -180,19 +207,28 @@ def train_step(ctx: Ctx, w) -> None:
     use_aux = not loop.aux_every_other or ctx.step % 2 == 1
     for j in range(loop.accumulation):
         x, y = batch(ctx.rank, ctx.step, j)
+        if loop.overflow_at == ctx.step and ctx.rank == 0 and j == 1:
+            x = x * 1e38  # an fp16-style overflow: the GradScaler must skip this step
+        n = rows(ctx.rank, ctx.step, j) if loop.weighted else len(x)
         with sync_context(ctx, last=j == loop.accumulation - 1):
-            loss = nn.functional.mse_loss(ctx.model(x, use_aux), y)  # the micro-batch's mean
+            loss = nn.functional.mse_loss(ctx.model(x[:n], use_aux), y[:n])  # this batch's mean
             if w is not None:
-                loss = w.loss(loss)
+                loss = w.loss(loss, weight=n) if loop.weighted else w.loss(loss)
             loop.backward(ctx, loss, j)
         loop.between_micro_steps(ctx, j)
     loop.reduce(ctx)
+    if ctx.scaler is not None:
+        ctx.scaler.unscale_(ctx.opt)  # before clipping (torch's AMP recipe)
     norm = loop.clip_step(ctx)
     if w is not None and norm is not None:
         w.clip_norm(norm)
     if ctx.sched is not None and loop.scheduler_first:
         ctx.sched.step()
-    ctx.opt.step()
+    if ctx.scaler is not None:
+        ctx.scaler.step(ctx.opt)  # skips optimizer.step when a gradient is not finite
+        ctx.scaler.update()
+    else:
+        ctx.opt.step()
     if ctx.sched is not None and not loop.scheduler_first:
         ctx.sched.step()
     if loop.zero_grad:

@@ -83,3 +83,66 @@ def make_optimizer(kind: str, groups: list[dict], **bugs) -> torch.optim.Optimiz
         }[kind]
         return MyAdamW(groups, lr=LR, weight_decay=WEIGHT_DECAY, **flags)
     raise ValueError(f"unknown optimizer {kind!r}")
+
+
+class MyLossScaler:
+    """A user's own dynamic loss scaler with torch.amp.GradScaler's rule and the methods
+    watch() reads (get_scale, is_enabled, get_growth_factor, ...). With
+    `update_first` it updates the scale (growth or backoff) when it checks for
+    overflow, before unscaling: DeepSpeed PR #2695's order, unscaling with the new scale.
+    """
+
+    def __init__(self, init_scale=2.0**10, growth_interval=3, update_first=False) -> None:
+        self._scale, self._interval, self._tracker = init_scale, growth_interval, 0
+        self.update_first = update_first
+        self._found_inf: bool | None = None
+
+    def is_enabled(self) -> bool:
+        return True
+
+    def get_scale(self) -> float:
+        return self._scale
+
+    def get_growth_factor(self) -> float:
+        return 2.0
+
+    def get_backoff_factor(self) -> float:
+        return 0.5
+
+    def get_growth_interval(self) -> int:
+        return self._interval
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self._scale
+
+    def unscale_(self, opt: torch.optim.Optimizer) -> None:
+        grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
+        self._found_inf = not all(bool(torch.isfinite(g).all()) for g in grads)
+        if self.update_first:
+            self._update()
+        inv = torch.tensor(1.0 / self._scale, dtype=torch.float32)
+        for g in grads:
+            g.mul_(inv)
+
+    def step(self, opt: torch.optim.Optimizer) -> None:
+        if not self._found_inf:
+            opt.step()
+
+    def update(self) -> None:
+        if not self.update_first:
+            self._update()
+
+    def _update(self) -> None:
+        """torch's rule: back off on inf/NaN, grow after growth_interval good steps."""
+        if self._found_inf:
+            self._scale, self._tracker = self._scale * 0.5, 0
+            return
+        self._tracker += 1
+        if self._tracker == self._interval:
+            self._scale, self._tracker = self._scale * 2.0, 0
+
+
+def make_scaler(kind: str):
+    if kind == "torch":
+        return torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
+    return {"mine": MyLossScaler(), "mine_update_first": MyLossScaler(update_first=True)}[kind]
