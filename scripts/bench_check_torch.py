@@ -6,9 +6,9 @@ The default-size model (scripts/compare_torch_model.py's TorchGPT: the sizes of 
 default `python -m zero_ref.train` run, 8 sequences per rank) trained by DDP on 2 gloo
 ranks with torch.optim.AdamW and clipping, one thread per rank, three ways in one job:
 unwatched, watched and checked on rank 0 at every step (check), and watched writing
-the records to a folder only (folder, for `python -m zero_ref.check FOLDER` later).
-Each way's median step time (the slower rank's, after 2 warm-up steps) over the
-unwatched one's, and the folder's bytes per step. JSON last.
+the records to a folder only (folder, for `python -m zero_ref.check FOLDER` later),
+taking their steps in turn. Each way's median step time (the slower rank's, after 2
+warm-up steps) over the unwatched one's, and the folder's bytes per step. JSON last.
 """
 
 from __future__ import annotations
@@ -24,16 +24,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # compare_torch_model
 WORLD, WARMUP = 2, 2
+MODES = ("unwatched", "check", "folder")
 
 
 def folder_bytes(folder: str) -> int:
     return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
 
 
-def run(mode: str, rank: int, steps: int, micro: int, folder: str) -> list[float]:
-    """Step times of one way of running (seconds, this rank)."""
+def setup(mode: str, rank: int, micro: int, folder: str):
+    """One way of running: a closure that takes one optimizer step, and the watcher."""
     import torch
-    import torch.distributed as dist
     from compare_torch_model import B, T, TorchGPT, V
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -47,10 +47,8 @@ def run(mode: str, rank: int, steps: int, micro: int, folder: str) -> list[float
         options = {"folder": folder, "check": False} if mode == "folder" else {}
         w = watch(model, opt, clip_max_norm=1.0, **options)
     g = torch.Generator().manual_seed(rank)
-    times = []
-    for _ in range(steps):
-        dist.barrier()
-        t0 = time.perf_counter()
+
+    def step() -> None:
         for j in range(micro):
             ids, targets = (torch.randint(0, V, (B, T), generator=g) for _ in range(2))
             loss = model(ids, targets)
@@ -63,23 +61,33 @@ def run(mode: str, rank: int, steps: int, micro: int, folder: str) -> list[float
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad()
-        times.append(time.perf_counter() - t0)
-    if w is not None:
-        w.close()
-    return times[WARMUP:]
+
+    return step, w
 
 
 def worker(rank: int, store: str, out: str, steps: int, micro: int) -> None:
+    """The three ways step by step in turn, so that a busy neighbour slows all alike."""
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
-    result = {}
     with tempfile.TemporaryDirectory() as tmp:
         folder = os.path.join(tmp, "records")
-        for mode in ("unwatched", "check", "folder"):
-            mine = statistics.median(run(mode, rank, steps, micro, folder))
+        ways = {mode: setup(mode, rank, micro, folder) for mode in MODES}
+        times: dict[str, list[float]] = {mode: [] for mode in MODES}
+        for _ in range(steps):
+            for mode, (step, _) in ways.items():
+                dist.barrier()
+                t0 = time.perf_counter()
+                step()
+                times[mode].append(time.perf_counter() - t0)
+        for _, w in ways.values():
+            if w is not None:
+                w.close()
+        result = {}
+        for mode in MODES:
+            mine = statistics.median(times[mode][WARMUP:])
             slowest = [None] * WORLD
             dist.all_gather_object(slowest, mine)
             result[mode] = max(slowest)
