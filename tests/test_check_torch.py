@@ -18,10 +18,15 @@ from tests.torch_zoo import BUGGY, CASES, CLEAN  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def zoo() -> dict:
-    """Every case of the zoo in one job (about 30 s on 2 cores)."""
+def records(tmp_path_factory):
+    return tmp_path_factory.mktemp("records")
+
+
+@pytest.fixture(scope="module")
+def zoo(records) -> dict:
+    """Every case of the zoo in one job (about 30 s on 2 cores), and a few recorded."""
     done = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "torch_zoo_job.py")],
+        [sys.executable, str(REPO / "tests" / "torch_zoo_job.py"), "--records", str(records)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -53,9 +58,30 @@ def test_every_buggy_case_has_a_twin_and_the_zoo_covers_ten_bugs():
     assert {CASES[c.twin].loop.framework for c in BUGGY} >= {"ddp", "fsdp2"}
 
 
-@pytest.mark.parametrize("framework", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("framework", ["ddp", "fsdp2", "fsdp1"])
 def test_watched_run_trains_bitwise_as_unwatched(zoo, framework):
     assert zoo["bitwise"][framework] is True
+
+
+@pytest.mark.parametrize("case", ["fsdp2", "ddp_grad_scaler", "clip_shard", "not_divided"])
+def test_records_written_by_the_watcher_are_checked_offline_by_the_cli(zoo, records, case):
+    """python -m zero_ref.check on the folder a watcher wrote (check=False): the same
+    outcome as checking while training (exit 0 clean, 1 flagged at the case's step)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "zero_ref.check", str(records / case), "--quiet"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    spec = CASES[case]
+    if spec.bug is None:
+        assert (done.returncode, summary["flagged_steps"]) == (0, []), done.stdout
+        assert summary["steps_checked"] == 8
+    else:
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert summary["first_flagged"] == spec.first and spec.bug in summary["diagnoses"]
 
 
 # --- one process: what watch() refuses, with names ------------------------------------

@@ -1,11 +1,13 @@
 """Run the zoo (tests/torch_zoo.py) in one 2-rank gloo job; JSON of the outcomes last.
 
-    python tests/torch_zoo_job.py [CASE ...]        # all cases when none is named
+    python tests/torch_zoo_job.py [--records DIR] [CASE ...]   # all cases when none is named
 
 Per case, rank 0 reports the step the checker first flagged (None: no alarm), the
 diagnoses it named, its message and how many steps ran; a buggy case stops at its first
 flagged step (CheckFailed is raised on every rank). Also the watched run beside the
-unwatched one, for DDP and FSDP2: their parameters must be bitwise the same.
+unwatched one, for DDP, FSDP2 and FSDP1: their parameters must be bitwise the same. With
+--records DIR, the RECORDED cases are also run watched into DIR/CASE with check=False,
+for `python -m zero_ref.check DIR/CASE` (tests/test_check_torch.py runs it).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests.` importa
 
 WORLD = 2
 BITWISE_STEPS = 10
+RECORDED = ("fsdp2", "ddp_grad_scaler", "clip_shard", "not_divided")  # a clean, a buggy of each
 
 
 def run_case(name: str, rank: int) -> dict:
@@ -42,6 +45,15 @@ def run_case(name: str, rank: int) -> dict:
     return {"flagged": None, "diagnoses": [], "steps": ctx.saved["watcher"].step}
 
 
+def record_case(name: str, rank: int, folder: str) -> None:
+    """The case watched into a folder only, 8 steps: nothing checked while it runs."""
+    from tests.torch_zoo import CASES
+    from tests.torch_zoo_loops import train
+
+    loop = CASES[name].loop.__class__(**{**CASES[name].loop.__dict__, "steps": 8})
+    train(loop, rank, WORLD, watch_options={"folder": folder, "check": False})
+
+
 def run_bitwise(framework: str, rank: int) -> bool:
     """The same loop watched and unwatched: the parameters after it, bit for bit."""
     from tests.torch_zoo_loops import Loop, train
@@ -58,14 +70,17 @@ def run_bitwise(framework: str, rank: int) -> bool:
     return all(plain[n].tobytes() == watched[n].tobytes() for n in plain)
 
 
-def worker(rank: int, store: str, out: str, names: list[str]) -> None:
+def worker(rank: int, store: str, out: str, names: list[str], records: str | None) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
     results = {name: run_case(name, rank) for name in names}
-    bitwise = {fw: run_bitwise(fw, rank) for fw in ("ddp", "fsdp2")}
+    bitwise = {fw: run_bitwise(fw, rank) for fw in ("ddp", "fsdp2", "fsdp1")}
+    if records is not None:
+        for name in RECORDED:
+            record_case(name, rank, os.path.join(records, name))
     if rank == 0:
         Path(out).write_text(json.dumps({"cases": results, "bitwise": bitwise}))
     dist.destroy_process_group()
@@ -79,13 +94,17 @@ def main() -> None:
     from tests.torch_zoo import CASES
 
     warnings.filterwarnings("ignore")
-    names = sys.argv[1:] or list(CASES)
+    args = sys.argv[1:]
+    records = None
+    if args[:1] == ["--records"]:
+        records, args = args[1], args[2:]
+    names = args or list(CASES)
     unknown = sorted(set(names) - set(CASES))
     if unknown:
         sys.exit(f"unknown case(s) {unknown}; the zoo has {sorted(CASES)}")
     with tempfile.TemporaryDirectory() as tmp:
         store, out = os.path.join(tmp, "store"), os.path.join(tmp, "out.json")
-        mp.spawn(worker, args=(store, out, names), nprocs=WORLD, join=True)
+        mp.spawn(worker, args=(store, out, names, records), nprocs=WORLD, join=True)
         print(Path(out).read_text(), flush=True)
 
 
