@@ -52,6 +52,14 @@ def test_buggy_loop_is_flagged_at_its_first_affected_step_and_named(zoo, case):
     assert zoo["cases"][spec.twin]["flagged"] is None  # its twin, without the bug, passes
 
 
+def test_the_bound_says_what_it_assumes_bf16_reduction_declared_or_not(zoo):
+    """FSDP2 reducing in bf16: within the bound declared reduce_dtype='bfloat16' (50
+    steps), flagged at step 1 when the watcher is told float32 (so the run really
+    reduces in bf16, and the bf16 bound is what lets it pass)."""
+    assert zoo["cases"]["fsdp2_bf16"]["flagged"] is None
+    assert zoo["cases"]["fsdp2_bf16_said_fp32"]["flagged"] == 1
+
+
 def test_every_buggy_case_has_a_twin_and_the_zoo_covers_ten_bugs():
     assert all(c.twin in CASES and CASES[c.twin].bug is None for c in BUGGY)
     assert len({c.bug for c in BUGGY}) >= 10

@@ -76,6 +76,12 @@ def clip_local_shards(ctx):
     return None  # the user's norm is a local one: not handed to the watcher
 
 
+def clip_fsdp1_flat_shards(ctx):
+    """torch.nn.utils.clip_grad_norm_ on FSDP1's parameters: each rank's own flat shard
+    (FSDP1 needs its method, model.clip_grad_norm_, docs/oracle.md)."""
+    return torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), ctx.loop.clip) and None
+
+
 def clip_then_reduce(ctx):
     """Clipped before the hand-written all-reduce: each rank by its own norm."""
     torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), ctx.loop.clip)
@@ -112,6 +118,8 @@ CLEAN = [
     Case("ddp", DDP),
     Case("fsdp2", FSDP2),
     Case("fsdp1", Loop(framework="fsdp1")),
+    Case("fsdp2_bf16", Loop(framework="fsdp2", bf16=True,
+                            declared={"reduce_dtype": "bfloat16"})),
     Case("by_hand", BY_HAND),
     Case("ddp_mine", MINE),
     Case("ddp_adam_l2", Loop(optimizer="adam")),
@@ -146,6 +154,8 @@ BUGGY = [
          "world_not_divided", 1, "by_hand", ""),
     Case("clip_shard", replace(FSDP2, clip_step=clip_local_shards),
          "clip_local_norm", 1, "fsdp2", "pytorch #170862, pytorch #88621"),
+    Case("clip_fsdp1_shard", Loop(framework="fsdp1", clip_step=clip_fsdp1_flat_shards),
+         "clip_local_norm", 1, "fsdp1", "pytorch #88621"),
     Case("clip_unreduced", replace(BY_HAND, reduce=nothing, clip_step=clip_then_reduce),
          "clip_before_reduction", 1, "by_hand", "llm.c PR #524, VeOmni #184"),
     Case("decay_excluded", replace(MINE, optimizer="mine_decay_from_defaults"),
@@ -164,4 +174,10 @@ BUGGY = [
          "state_reset_on_resume", 4, "ddp", "Megatron-DeepSpeed #248, databricks/flashoptim #3"),
 ]  # fmt: skip
 
-CASES = {c.name: c for c in CLEAN + BUGGY}
+# Not a bug of the user's loop but of the declaration: FSDP2 reduces in bf16 and the
+# watcher is told float32, so the bound is too tight; flagged (no diagnosis applies).
+MISDECLARED = [
+    Case("fsdp2_bf16_said_fp32", Loop(framework="fsdp2", bf16=True), first=1, twin="fsdp2_bf16"),
+]
+
+CASES = {c.name: c for c in CLEAN + BUGGY + MISDECLARED}

@@ -102,6 +102,7 @@ class Loop:
     scaler: str | None = None  # "torch" (GradScaler) or "mine" (MyLossScaler)
     overflow_at: int | None = None  # the step at which rank 0's micro-step 1 overflows
     weighted: bool = False  # micro-batches of 2 to 5 rows: the loss is the global row mean
+    bf16: bool = False  # FSDP2's MixedPrecisionPolicy: bf16 compute and bf16 reduce-scatter
 
 
 def lr_factor(t: int) -> float:
@@ -115,7 +116,7 @@ def build(loop: Loop, rank: int, world: int) -> Ctx:
     from tests.torch_zoo_optim import make_optimizer
 
     torch.manual_seed(0)
-    model = wrap(MLP(), loop.framework, world)
+    model = wrap(MLP(), loop.framework, world, loop.bf16)
     decay = [p for n, p in model.named_parameters() if n.endswith("weight") and "norm" not in n]
     rest = [p for n, p in model.named_parameters() if all(p is not q for q in decay)]
     groups = [{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": rest, "weight_decay": 0}]
@@ -148,17 +149,19 @@ def backward_scaled(ctx: Ctx, loss: torch.Tensor, j: int) -> None:
     (ctx.scaler.scale(loss) / ctx.loop.accumulation).backward()
 
 
-def wrap(model: nn.Module, framework: str, world: int) -> nn.Module:
+def wrap(model: nn.Module, framework: str, world: int, bf16: bool = False) -> nn.Module:
     if framework == "ddp":
         return nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
     if framework == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         mesh = init_device_mesh("cpu", (world,))
+        half = torch.bfloat16 if bf16 else None
+        mp = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=half)
         for unit in (model.fc1, model.fc2, model.aux):
-            fully_shard(unit, mesh=mesh)
-        return fully_shard(model, mesh=mesh)
+            fully_shard(unit, mesh=mesh, mp_policy=mp)
+        return fully_shard(model, mesh=mesh, mp_policy=mp)
     if framework == "fsdp1":
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 

@@ -74,7 +74,8 @@ def _hook(record: Record, name: str, grad: torch.Tensor) -> None:
 class _LatestHooks:
     """One live hook per parameter name: re-hooking a name removes its previous hook
     (FSDP gathers into the same tensors at every forward, where hooks would pile up;
-    a re-run forward, as activation checkpointing does, hooks again)."""
+    a forward run again, as activation checkpointing does, would hook again: not
+    tried)."""
 
     def __init__(self, record: Record) -> None:
         self.record = record
