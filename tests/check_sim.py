@@ -219,6 +219,12 @@ def _norm(g: dict[str, np.ndarray]) -> float:
 
 def _unscale_and_clip(run, acc, scale, tracker, found_inf):
     g = dict(acc)
+    if "clip_before_unscale" in run.bugs and not found_inf:  # clip_grad_norm_ on scaled grads
+        norm = _norm(g)
+        coef = F(min(1.0, run.clip / (norm + 1e-6)))
+        g = {k: (v * coef).astype(F) for k, v in g.items()}
+        inv = F(1.0) / F(scale)
+        return {k: (v * inv).astype(F) for k, v in g.items()}, norm
     if run.scaler:
         used = scale
         if "unscale_with_updated_scale" in run.bugs:

@@ -8,6 +8,9 @@ DDP does): 2 ranks and 3 micro-steps, so that a factor of A and a factor of N di
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -38,6 +41,7 @@ CASES = {
     "bias_correction_step_off_by_one": ({}, 1),
     "step_counted_without_grad": ({"no_grad_steps": {2: "b2", 3: "b2"}}, 4),
     "unscale_with_updated_scale": ({"scaler": True, "growth_interval": 3}, 3),
+    "clip_before_unscale": ({"scaler": True}, 1),
     "lr_one_step_early": ({"schedule": SCHEDULE}, 1),
     "lr_one_step_late": ({"schedule": SCHEDULE}, 2),
     "state_reset_on_resume": ({"resume_at": 6}, 6),
@@ -51,6 +55,12 @@ def _verdicts(run: SimRun, steps: int):
 
 def test_the_cases_cover_the_catalogue():
     assert set(CASES) == set(dg.CATALOGUE)
+
+
+def test_the_reference_page_explains_every_diagnosis():
+    page = (Path(__file__).resolve().parents[1] / "docs" / "check_reference.md").read_text()
+    rows = re.findall(r"^\| `(\w+)` \|", page.split("## The diagnoses")[1], flags=re.M)
+    assert rows == list(dg.CATALOGUE)
 
 
 @pytest.mark.parametrize("bug", sorted(CASES))
@@ -146,6 +156,7 @@ def _context(run: SimRun, steps_before: int = 0):
         ("bias_correction_step_off_by_one", {"optimizer": "sgd"}, 0),
         ("step_counted_without_grad", {}, 2),
         ("unscale_with_updated_scale", {}, 0),
+        ("clip_before_unscale", {"scaler": True, "clip": None}, 0),
         ("lr_one_step_early", {}, 0),
         ("lr_one_step_late", {"schedule": SCHEDULE}, 0),
         ("state_reset_on_resume", {}, 0),

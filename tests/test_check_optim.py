@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from zero_ref.check.checker import Checker
 
@@ -58,3 +60,48 @@ def test_a_parameter_without_gradient_is_skipped_as_torch_skips_it():
     checker = Checker(margin.spec_for("adamw", None), init)
     assert all(checker.check(r).ok for r in records)
     assert checker._state.params["e"].step == 2 and checker._state.params["w"].step == 4
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    kind=st.sampled_from(["adamw", "adam", "sgd"]),
+    lr=st.sampled_from([1e-4, 1e-2, 0.3]),
+    weight_decay=st.sampled_from([0.0, 0.01, 0.5]),
+    beta1=st.sampled_from([0.0, 0.3, 0.9]),
+    beta2=st.sampled_from([0.9, 0.999]),
+    eps=st.sampled_from([1e-8, 1e-3]),
+    momentum=st.sampled_from([0.0, 0.5, 0.99]),
+    dampening=st.sampled_from([0.0, 0.5]),
+    nesterov=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_any_torch_setting_stays_inside_the_bound(
+    kind, lr, weight_decay, beta1, beta2, eps, momentum, dampening, nesterov, seed
+):
+    """torch's own optimizer, one group, over the settings' ranges (nesterov needs momentum
+    and no dampening: torch refuses it otherwise): 15 steps, never flagged."""
+    import torch
+
+    from zero_ref.check.record import GroupSettings, StepRecord
+
+    nesterov = nesterov and momentum > 0 and dampening == 0
+    rng = np.random.default_rng(seed)
+    init = {k: rng.standard_normal(s).astype(np.float32) for k, s in margin.SHAPES.items()}
+    params = [torch.nn.Parameter(torch.from_numpy(v.copy())) for v in init.values()]
+    if kind == "sgd":
+        extra = dict(momentum=momentum, dampening=dampening, nesterov=nesterov)
+        opt = torch.optim.SGD(params, lr=lr, weight_decay=weight_decay, **extra)
+    else:
+        extra = dict(betas=(beta1, beta2), eps=eps)
+        cls = torch.optim.AdamW if kind == "adamw" else torch.optim.Adam
+        opt = cls(params, lr=lr, weight_decay=weight_decay, **extra)
+    group = GroupSettings(tuple(init), lr, weight_decay, **extra)
+    checker = Checker(margin.spec_for(kind, None), init)
+    for step in range(1, 16):
+        grads = {k: rng.standard_normal(s).astype(np.float32) for k, s in margin.SHAPES.items()}
+        for p, g in zip(params, grads.values(), strict=True):
+            p.grad = torch.from_numpy(g.copy())
+        opt.step()
+        after = {k: p.detach().numpy().copy() for k, p in zip(init, params, strict=True)}
+        verdict = checker.check(StepRecord(step, [[grads]], [[1.0]], (group,), grads, after))
+        assert verdict.ok, str(verdict)

@@ -98,6 +98,18 @@ def test_a_step_that_ran_on_inf_is_flagged_as_not_skipped():
 
     verdicts = _verdicts(run, 3, ran_anyway)
     assert verdicts[2].first.quantity == "skipped" and verdicts[2].first.run == 0.0
+    assert "the run stepped this step, which the GradScaler should have skipped" in str(verdicts[2])
+
+
+def test_a_gradient_the_run_lost_is_named():
+    def lost(record):
+        if record.step == 2:
+            record.applied_grads.pop("b1")
+        return record
+
+    verdicts = _verdicts(SimRun(), 2, lost)
+    assert (verdicts[1].first.quantity, verdicts[1].first.name) == ("applied_grad", "b1")
+    assert "b1 had no gradient at optimizer.step, where the oracle has one" in str(verdicts[1])
 
 
 def test_a_scale_off_the_rule_is_flagged():

@@ -131,6 +131,21 @@ def _broken(tmp_path: Path, how: str) -> Path:
             str(step2 / "rank_1.safetensors"),
         )
         (step2 / "rank_1.json").write_text(json.dumps(meta))
+    elif how == "initial names differ":
+        p = rio._load(folder / "initial.safetensors")
+        p.pop("b2")
+        save_file(p, str(folder / "initial.safetensors"))
+    elif how in ("schedule too short", "weighted without weights"):
+        meta = json.loads((folder / "spec.json").read_text())
+        if how == "schedule too short":
+            meta["spec"]["lr_schedule"] = [1.0, 1.0]
+        else:
+            meta["spec"]["normalization"] = "weighted"
+        (folder / "spec.json").write_text(json.dumps(meta))
+    elif how == "bad shards":
+        meta = json.loads((step2 / "step.json").read_text())
+        meta["extra"]["shards"]["w1"] = [[0, 20], [20, 99]]
+        (step2 / "step.json").write_text(json.dumps(meta))
     elif how == "bad json":
         (step2 / "step.json").write_text("{")
     return folder
@@ -150,6 +165,10 @@ BROKEN = {
     "not safetensors": "not a readable safetensors file",
     "micro-step counts differ": "different numbers of micro-steps [2, 3]",
     "bad json": "not readable JSON",
+    "initial names differ": "initial parameters: missing ['b2']",
+    "schedule too short": "step 3: RunSpec.lr_schedule has 2 entries",
+    "weighted without weights": "normalization 'weighted' needs finite weights",
+    "bad shards": "extra['shards'] must map every parameter",
 }
 
 
@@ -178,3 +197,15 @@ def test_checker_refuses_steps_out_of_order():
     checker.check(records[0])
     with pytest.raises(RecordError, match="step 3 after step 1"):
         checker.check(records[2])
+
+
+def test_the_checker_and_the_cli_need_no_torch():
+    """Reading and checking records imports nothing of torch (the extra stays optional)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import zero_ref.check.__main__, zero_ref.check.checker, "
+        "zero_ref.check.records_io; assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

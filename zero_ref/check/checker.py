@@ -3,7 +3,7 @@
 Checker keeps the oracle's state (oracle_step.py) from the run's initial parameters,
 takes the run's steps in order, and returns a Verdict per step: the first quantity
 outside its bound (compare.py), and when there is one, the names of the catalogue's
-hypotheses (diagnoses.py) that reproduce the step. This is the paper's claim that
+hypotheses (diagnoses.py) that reproduce the step (retry.py). This is the paper's claim that
 ZeRO changes where the state lives, never the math (Sec. 5), checked on a run that is
 not zero_ref's: whatever the framework, the step must equal the single-rank one.
 """
@@ -15,10 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from zero_ref.check.compare import Mismatch, compare
-from zero_ref.check.diagnoses import CATALOGUE, StepContext, diagnose, follow
+from zero_ref.check.diagnoses import CATALOGUE
 from zero_ref.check.oracle_step import OracleState, initial_state, oracle_step
 from zero_ref.check.plan import default_plan
 from zero_ref.check.record import RecordError, RunSpec, StepRecord, validate_record
+from zero_ref.check.retry import StepContext, diagnose, follow
 
 __all__ = ["Checker", "Mismatch", "Verdict"]
 
@@ -46,14 +47,7 @@ class Verdict:
     def __str__(self) -> str:
         if self.ok:
             return f"step {self.step}: ok (within the bound)"
-        m = self.first
-        where = f"{m.name}[{', '.join(map(str, m.index))}]" if m.index else m.name
-        head = (
-            f"step {self.step}: {WHAT[m.quantity]} is outside the bound"
-            f"{f' at {where}' if where else ''}: "
-            f"run {m.run:.9g}, oracle {m.oracle:.9g}, |difference| {abs(m.run - m.oracle):.3g}, "
-            f"bound {m.bound:.3g}."
-        )
+        head = f"step {self.step}: {_mismatch_words(self.first)}"
         if self.since is not None:
             head += (
                 f" (the run left the oracle at step {self.since}; read that step first: "
@@ -67,6 +61,25 @@ class Verdict:
         says = [f"{name}: {CATALOGUE[name].says}" for name in self.diagnoses]
         lead = "Matches the oracle if" if len(says) == 1 else "Matches the oracle under each of"
         return f"{head} {lead} {'; or '.join(says)}."
+
+
+def _mismatch_words(m: Mismatch) -> str:
+    """The first sentence of a flagged step's paragraph."""
+    if m.quantity == "skipped":
+        did, should = ("skipped", "have stepped") if m.run else ("stepped", "have skipped")
+        why = "" if m.run else " (its gradient has an Inf or NaN)"
+        return f"the run {did} this step, which the GradScaler should {should}{why}."
+    if m.quantity == "applied_grad" and m.run != m.run and m.bound == 0.0:
+        return (
+            f"{m.name} had no gradient at optimizer.step, where the oracle has one "
+            f"({m.oracle:.9g} at [{', '.join(map(str, m.index))}])."
+        )
+    where = f"{m.name}[{', '.join(map(str, m.index))}]" if m.index else m.name
+    return (
+        f"{WHAT[m.quantity]} is outside the bound{f' at {where}' if where else ''}: "
+        f"run {m.run:.9g}, oracle {m.oracle:.9g}, |difference| {abs(m.run - m.oracle):.3g}, "
+        f"bound {m.bound:.3g}."
+    )
 
 
 class Checker:

@@ -106,7 +106,8 @@ def _applied(spec: RunSpec, record: StepRecord, exp: Expected) -> Mismatch | Non
     for name in spec.names:
         g, bound = exp.applied[name]
         if name not in record.applied_grads:
-            if name in exp.has_grad:  # the oracle has a gradient, the run's optimizer none
+            if name in exp.has_grad:  # the oracle has a gradient, the run's optimizer none:
+                # run NaN with bound 0 says so (checker.py words it)
                 i = np.unravel_index(int(np.argmax(np.abs(g))), g.shape) if g.size else ()
                 return Mismatch(
                     "applied_grad",

@@ -77,8 +77,8 @@ def oracle_step(spec: RunSpec, record: StepRecord, state: OracleState, plan: Pla
         new = replace(state, scale=scale, growth_tracker=tracker, previous_grad=previous)
         expected_scale = state.scale if state.scale is not None else record.scale
         return Expected(new, True, expected_scale, lrs, None, frozenset(), {}, zero, same)
-    norm = gr.global_norm(grad.full)
-    d_norm = gr.norm_bound(grad, spec.world, u)
+    norm = plan.norm_factor * gr.global_norm(grad.full)
+    d_norm = plan.norm_factor * gr.norm_bound(grad, spec.world, u)
     applied = _clip(spec, record, plan, grad, norm, d_norm, u)
     stepped = grad.present | set(record.applied_grads)
     params, updates = dict(state.params), {}

@@ -33,6 +33,7 @@ class Plan:
     optimizer: str
     clip: str = "global"
     grad_factor: float = 1.0  # the unscale a hypothesis gets wrong
+    norm_factor: float = 1.0  # the clip's norm taken of gradients this many times larger
     add_previous: bool = False  # last step's gradient left in .grad
     step_offset: int = 0  # the bias corrections' count, shifted
     global_step_count: bool = False  # every parameter's count is the optimizer's

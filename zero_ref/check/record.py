@@ -175,10 +175,40 @@ def validate_record(spec: RunSpec, record: StepRecord) -> None:
             f"{where}: the groups must hold every parameter once; missing {missing}, "
             f"unknown or repeated {extra or sorted(n for n in grouped if grouped.count(n) > 1)}"
         )
-    if spec.normalization == "weighted" and record.weights is None:
-        raise RecordError(f"{where}: normalization 'weighted' needs the step's weights[j][r]")
+    if spec.normalization == "weighted":
+        w = np.asarray(record.weights if record.weights is not None else [], dtype=np.float64)
+        if w.shape != (a, spec.world) or not np.isfinite(w).all():
+            raise RecordError(
+                f"{where}: normalization 'weighted' needs finite weights[j][r] for {a} "
+                f"micro-steps x {spec.world} ranks, got shape {w.shape}"
+            )
+    if spec.lr_schedule is not None and not 1 <= record.step <= len(spec.lr_schedule):
+        raise RecordError(
+            f"{where}: RunSpec.lr_schedule has {len(spec.lr_schedule)} entries "
+            f"(steps 1 to {len(spec.lr_schedule)}); give one per step"
+        )
+    if "shards" in record.extra:
+        _check_shards(spec, record.extra["shards"], where)
     if spec.scaler is not None and record.scale is None:
         raise RecordError(f"{where}: the run has a GradScaler (spec.scaler) but no scale recorded")
+
+
+def _check_shards(spec: RunSpec, shards: object, where: str) -> None:
+    """extra["shards"]: {name: [(flat_start, flat_stop) for each rank]} within the tensor."""
+    ok = isinstance(shards, dict) and set(shards) == set(spec.names)
+    for name in spec.names if ok else ():
+        numel = int(np.prod(spec.shapes[name], dtype=np.int64))
+        ranges = shards[name]
+        ok = ok and isinstance(ranges, (list, tuple)) and len(ranges) == spec.world
+        ok = ok and all(
+            isinstance(r, (list, tuple)) and len(r) == 2 and 0 <= r[0] <= r[1] <= numel
+            for r in (ranges if ok else ())
+        )
+    if not ok:
+        raise RecordError(
+            f"{where}: extra['shards'] must map every parameter to {spec.world} "
+            "[flat_start, flat_stop] ranges inside it (one per rank)"
+        )
 
 
 def _check_tensors(
