@@ -17,6 +17,15 @@ import torch.distributed as dist
 from zero_ref.check.record import StepRecord
 
 
+class CheckFailed(RuntimeError):
+    """A step left the oracle's bound (or its record does not fit); raised on every
+    rank, rank 0's Verdict attached (None on the other ranks and for a bad record)."""
+
+    def __init__(self, message: str, verdict: object = None) -> None:
+        super().__init__(message)
+        self.verdict = verdict
+
+
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
@@ -114,8 +123,6 @@ def _check(w, everyone: list, params_after: dict, shards: dict, skipped: bool) -
 
 def finish_step(w, params_after: dict[str, np.ndarray], shards: dict, skipped: bool) -> None:
     """Record, check and report watcher `w`'s step (every rank calls it, in step)."""
-    from zero_ref.check.torch_watch import CheckFailed
-
     weights = normalised_weights(w._weights, w.spec.normalization)
     if w.folder is not None:
         _write(w, weights, params_after, shards, skipped)

@@ -31,16 +31,11 @@ from zero_ref.check import torch_settings
 from zero_ref.check.record import NORMALIZATIONS, RunSpec, StepRecord
 from zero_ref.check.torch_capture import capture_for, to_numpy
 from zero_ref.check.torch_settings import read_groups, scaler_spec
+from zero_ref.check.torch_step import CheckFailed, finish_step
+
+__all__ = ["CheckFailed", "Watcher", "watch"]
 
 ON_MISMATCH = ("raise", "report")
-
-
-class CheckFailed(RuntimeError):
-    """A step left the oracle's bound; raised on every rank, the verdict attached."""
-
-    def __init__(self, message: str, verdict: object = None) -> None:
-        super().__init__(message)
-        self.verdict = verdict  # rank 0's Verdict; None on the other ranks
 
 
 def _world() -> tuple[int, int]:
@@ -226,8 +221,6 @@ class Watcher:
     # --- one step's record ------------------------------------------------------------
 
     def _finish(self, skipped: bool) -> None:
-        from zero_ref.check.torch_step import finish_step
-
         self.step += 1
         if any(c is None for c in self._loss_grad):
             j = self._loss_grad.index(None)
