@@ -68,6 +68,7 @@ def worker(rank: int, store: str, out: str, divide: bool) -> None:
         }
         with open(out, "w") as f:
             json.dump(result, f)
+    dist.barrier()  # no rank tears gloo down while another still uses it
     dist.destroy_process_group()
 
 

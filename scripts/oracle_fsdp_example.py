@@ -89,6 +89,7 @@ def worker(rank: int, store: str, out: str, reshard_after_forward: bool, divide:
         }
         with open(out, "w") as f:
             json.dump(result, f)
+    dist.barrier()  # no rank tears gloo down while another still uses it
     dist.destroy_process_group()
 
 

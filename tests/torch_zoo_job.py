@@ -83,6 +83,7 @@ def worker(rank: int, store: str, out: str, names: list[str], records: str | Non
             record_case(name, rank, os.path.join(records, name))
     if rank == 0:
         Path(out).write_text(json.dumps({"cases": results, "bitwise": bitwise}))
+    dist.barrier()  # no rank tears gloo down while another still uses it
     dist.destroy_process_group()
 
 
