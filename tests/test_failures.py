@@ -29,7 +29,7 @@ import pytest
 from tests.mpi_pool import REPO, mpi_env, mpirun_command, run_watched
 from zero_ref.app.data import encode_corpus
 from zero_ref.app.failure import CollectiveError, FailureGuard, step_started
-from zero_ref.comm.schedule import ScheduleMismatchError, check_agreement, signature
+from zero_ref.comm.signatures import ScheduleMismatchError, check_agreement, signature
 from zero_ref.io.metrics_log import read_jsonl
 from zero_ref.layout.flat import build_layout, rank_rows
 from zero_ref.models.mlp import CharMLP, MLPConfig

@@ -19,12 +19,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 Shape = tuple[int, ...]
-# (param, grad, master, exp_avg, exp_avg_sq): 1-D views of what one rank updates
-Owned = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+class Owned(NamedTuple):
+    """1-D views of what one rank updates (its P_os slice, Sec. 5.1): the parameter,
+    its reduced gradient, the float32 master (the parameter itself in fp32) and AdamW's
+    two moments. A NamedTuple, so a reader sees `owned.grad`, not `owned[1]`."""
+
+    param: np.ndarray
+    grad: np.ndarray
+    master: np.ndarray
+    exp_avg: np.ndarray
+    exp_avg_sq: np.ndarray
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from zero_ref.app.cli import RunConfig
 
 
-class Progress:
+class Console:
     def __init__(self, run: RunConfig, is_root: bool, first_step: int = 0) -> None:
         self.run, self.is_root, self.bar = run, is_root, None
         if is_root and not run.quiet:

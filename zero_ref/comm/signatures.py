@@ -1,4 +1,4 @@
-"""Collective-schedule checking: before each collective, ranks agree on what it is.
+"""Collective signatures (check_schedule): before each collective, ranks agree on what it is.
 
 MPI matches collectives by order alone. If one rank skips a unit's gather, or
 gathers a different size, the ranks silently pair up the wrong calls: a hang,
