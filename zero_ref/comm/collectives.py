@@ -16,7 +16,7 @@ whose policy disagrees with its config (the clipping norm follows the same switc
 16-bit buffers (mixed precision, zero_ref/engine/precision.py) travel as 16-bit
 words: MPI has no bfloat16 type, and MPICH's float16 MPI_SUM rounds every partial
 sum to 16 bits, in an order of its choosing, and is slower than the alternative
-(scripts/bench_half_reduce.py). So a sum of 16-bit values is always an Alltoall of
+(scripts/bench/bench_half_reduce.py). So a sum of 16-bit values is always an Alltoall of
 the words, then each rank widens its rows to float32, adds them in rank order and
 rounds once: half the bytes of float32 on the wire, and deterministic in either
 mode. A sum may land in a buffer of another dtype (16-bit gradients summed into

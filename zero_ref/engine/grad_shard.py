@@ -88,7 +88,7 @@ class GradShardOnDisk(GradShardInRam):
     in the plan's fixed order) rather than per 2^18-element chunk, which moves the
     norm by float64 rounding (docs/
     determinism.md: fast mode's norm depends on how the buffer is cut). A gradient
-    written some other way (through the mapping, as scripts/bench_offload.py fills
+    written some other way (through the mapping, as scripts/bench/bench_offload.py fills
     it) has no partials: the norm then reads the file once through the mapping."""
 
     pool_rows = 1  # the pipeline reads the gradient into a row of each buffer set

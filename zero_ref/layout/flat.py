@@ -8,7 +8,7 @@ straight through tensors). With an `align` of a block size (ZeRO++'s qwZ, zero_r
 quantize.py) each unit is padded to a multiple of world_size * align instead, so every
 rank's slice is a whole number of blocks and block b is the unit's elements
 [b*align, (b+1)*align) at every world size. Equal slices let the engine use Reduce_scatter_block
-and Allgather instead of their uneven v-variants; scripts/bench_layout.py
+and Allgather instead of their uneven v-variants; scripts/bench/bench_layout.py
 measures why (docs/architecture.md quotes it).
 
 A rank's *shard buffer* is its slice of unit 0, then its slice of unit 1, ...
