@@ -186,7 +186,8 @@ def test_a_phase_past_its_limit_is_recorded_and_the_next_one_runs(tmp_path):
 def script_module(name: str):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "tools" / f"{name}.py")
+    (path,) = (REPO / "scripts").glob(f"*/{name}.py")  # tools/ or bench/ (bench_gpu)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -281,7 +282,7 @@ def mpi_library(tmp_path: Path, script: str, **env: str) -> subprocess.Completed
     work.mkdir(exist_ok=True)
     full = {**os.environ, "WORK": str(work), "REPO": str(REPO), "PY": sys.executable} | env
     return subprocess.run(
-        ["bash", "-c", f". {REPO / 'scripts' / 'gpu_check_mpi.sh'}; {script}"],
+        ["bash", "-c", f". {REPO / 'scripts' / 'tools' / 'gpu_check_mpi.sh'}; {script}"],
         env=full, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
 
