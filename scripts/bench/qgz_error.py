@@ -22,6 +22,7 @@ import sys
 
 import numpy as np
 from bench_common import add_record_flag, emit, load_average
+from block_error import relative_errors
 
 from zero_ref.app.cli import parse_args
 from zero_ref.app.data import encode_corpus, load_text
@@ -58,12 +59,9 @@ def block_errors(matrix: np.ndarray, layout, bucket_numel: int, block: int, bits
         back[:, cols] = q
         ends = [*starts[1:], bucket.shard_numel]
         for lo, hi in zip(starts, ends, strict=True):
-            x = matrix[:, cols][:, lo:hi].astype(np.float64)
-            d = np.abs(q[:, lo:hi] - x)
-            amax = np.abs(x).max(axis=1)
-            keep = amax > 0
-            maxes.append(d.max(axis=1)[keep] / amax[keep])
-            rmss.append(np.sqrt((d**2).mean(axis=1))[keep] / amax[keep])
+            worst, rms = relative_errors(matrix[:, cols][:, lo:hi], q[:, lo:hi])
+            maxes.append(worst)
+            rmss.append(rms)
     return np.concatenate(maxes), np.concatenate(rmss), back
 
 

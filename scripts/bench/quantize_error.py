@@ -21,6 +21,7 @@ import sys
 
 import numpy as np
 from bench_common import add_record_flag, emit, load_average
+from block_error import relative_errors
 
 from zero_ref.app.cli import parse_args
 from zero_ref.app.rank_estimate import model_for
@@ -37,12 +38,7 @@ def block_errors(flat: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
     n = -(-flat.size // block) * block
     x, xq = np.zeros(n, np.float64), np.zeros(n, np.float64)
     x[: flat.size], xq[: flat.size] = flat, back
-    x, xq = x.reshape(-1, block), xq.reshape(-1, block)
-    amax = np.abs(x).max(axis=1)
-    keep = amax > 0
-    diff = np.abs(x - xq)
-    rms = np.sqrt((diff**2).mean(axis=1))
-    return diff.max(axis=1)[keep] / amax[keep], rms[keep] / amax[keep]
+    return relative_errors(x.reshape(-1, block), xq.reshape(-1, block))
 
 
 def unit_flats(model, params: dict, precision: str) -> dict[str, np.ndarray]:
