@@ -33,6 +33,7 @@ def offloaded_run(tmp_path_factory, tiny_corpus):
 
 @pytest.fixture
 def scripts(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "scripts" / "bench"))  # bench_offload's lanes
     monkeypatch.syspath_prepend(str(REPO / "scripts" / "docs"))
     import plot_run
     import plot_trace
