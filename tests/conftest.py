@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 # The GPU path's kernels run in numba-cuda's simulator unless a GPU run asks otherwise
-# (scripts/gpu_check.sh sets NUMBA_ENABLE_CUDASIM=0): set before numba is imported.
+# (scripts/tools/gpu_check.sh sets NUMBA_ENABLE_CUDASIM=0): set before numba is imported.
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
 import pytest  # noqa: E402

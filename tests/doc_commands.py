@@ -4,7 +4,7 @@ A page's fenced ```bash blocks (and `$ `-prompted lines in any block) are read i
 order as one shell session on a fresh clone: backslash continuations joined, `for V
 in ...; do ... done` loops unrolled, `name="..."` variables and `export` applied,
 `&&` and `;` split. What comes out is a list of steps: a `Command` (python or mpirun
-of python), a `Mkdir`, or a `Skip` (pip, git, pytest, printf, `bash scripts/*.sh`:
+of python), a `Mkdir`, or a `Skip` (pip, git, pytest, printf, `bash scripts/*/*.sh`:
 nothing zero_ref's parsers read; python3 is python).
 Anything else raises `UnknownCommand`, so a new kind of command in the docs needs
 this reader taught, never silently passes.
@@ -34,7 +34,7 @@ class Command:
     page: str
     block: int  # which shell block of the page (0-based)
     text: str  # as the page writes it (after unrolling), for messages
-    argv: tuple[str, ...]  # after `python`: ("-m", "zero_ref.train", ...) or ("scripts/x.py", ...)
+    argv: tuple[str, ...]  # after `python`: ("-m", "zero_ref.train", ...) or ("scripts/k/x.py", ..)
     world: int | None = None  # mpirun -n N; None: no mpirun
     hostfile: str | None = None
     env: dict[str, str] = field(default_factory=dict)
@@ -156,7 +156,8 @@ def _step(page: str, block: int, words: list[str], env: dict[str, str]) -> Step:
     if words[:1] == ["python3"]:
         words = ["python", *words[1:]]
     program = words[0] if words else ""
-    shell_script = program == "bash" and re.fullmatch(r"scripts/\w+\.sh", "".join(words[1:2]))
+    script = "".join(words[1:2])
+    shell_script = program == "bash" and re.fullmatch(r"scripts/(?:\w+/)?\w+\.sh", script)
     skipped = program in ("pip", "printf", "git") or words[:3] == ["python", "-m", "pytest"]
     if skipped or shell_script:
         return Skip(page, block, text)
@@ -179,7 +180,7 @@ def _step(page: str, block: int, words: list[str], env: dict[str, str]) -> Step:
     argv = tuple(words[1:])
     if argv[0] == "-m" and not argv[1].startswith("zero_ref."):
         raise UnknownCommand(f"{page}: python -m of something other than zero_ref: {text}")
-    if argv[0] != "-m" and not re.fullmatch(r"scripts/\w+\.py", argv[0]):
+    if argv[0] != "-m" and not re.fullmatch(r"scripts/(?:\w+/)?\w+\.py", argv[0]):
         raise UnknownCommand(f"{page}: a python file outside scripts/: {text}")
     return Command(page, block, text, argv, world, hostfile, env)
 

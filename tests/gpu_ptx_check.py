@@ -17,7 +17,7 @@ error (numba-cuda broken by this NumPy, say) is raised, and the script exits 1.
 
 also compiles one tiny kernel through libdevice (zero_ref.cuda_math's fdiv_rn and
 fsqrt_rn) and runs it on the GPU, and exits 1 unless its result is bitwise NumPy's:
-scripts/gpu_check.sh's env phase, so that a compiler break fails in seconds, with its
+scripts/tools/gpu_check.sh's env phase, so that a compiler break fails in seconds, with its
 cause, before any other phase spends the lease on it.
 """
 

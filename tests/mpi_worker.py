@@ -274,7 +274,7 @@ def group_members(engine, world: MPI.Comm) -> dict[str, list[int]]:
     hybrid sharding's shard and replica groups, qgZ's two hop groups, hpZ's partition
     group (a collective on each; every rank has the same ones)."""
     comms = {"shard": engine.shard_comm}
-    replica = getattr(engine.replicas, "replica", None)
+    replica = getattr(engine.hybrid, "replica", None)
     if replica is not None:
         comms["replica"] = replica
     hops = getattr(getattr(engine, "grad_quantization", None), "hops", None)  # qgZ's

@@ -1,4 +1,4 @@
-"""scripts/bench_overlap.py at a tiny size on one slow link: two namespace hosts really
+"""scripts/bench/bench_overlap.py at a tiny size on one slow link: two namespace hosts really
 exchange the training's bytes over a rate-limited veth, and everything made is removed.
 
 Needs root (network namespaces); where they cannot be made the test is skipped with the
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "scripts" / "bench"))
 
 from netns_pair import unavailable  # noqa: E402
 
@@ -33,7 +33,7 @@ def bench() -> dict:
     why = unavailable()
     if why:
         pytest.skip(f"cannot make network namespaces here: {why}")
-    cmd = [sys.executable, str(REPO / "scripts" / "bench_overlap.py"), "--prefix", PREFIX]
+    cmd = [sys.executable, str(REPO / "scripts" / "bench" / "bench_overlap.py"), "--prefix", PREFIX]
     cmd += [
         "--parts",
         "sweep",

@@ -1,7 +1,7 @@
-"""scripts/bench_zeropp.py's pure parts (no MPI, no namespaces): the configurations as
+"""scripts/bench/bench_zeropp.py's pure parts (no MPI, no namespaces): the configurations as
 data, the link formula, the final loss, the targets, the tables and the figures.
 
-The two-host runs themselves use scripts/overlap_runs.py's run_train, which
+The two-host runs themselves use scripts/bench/overlap_runs.py's run_train, which
 tests/test_bench_overlap.py runs on real namespaces.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "scripts" / "bench"))
 
 import zeropp_report as zr  # noqa: E402
 
@@ -154,7 +154,7 @@ def test_the_loss_targets_and_table():
 
 @pytest.fixture
 def plot(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    monkeypatch.syspath_prepend(str(REPO / "scripts" / "docs"))
     import plot_run
     import plot_zeropp
 
@@ -272,7 +272,14 @@ def test_the_error_scripts_run_on_a_tiny_model_and_end_with_json(script, flags, 
     import json
     import subprocess
 
-    argv = [sys.executable, str(REPO / "scripts" / script), "--steps", "1", "--world", "2"]
+    argv = [
+        sys.executable,
+        str(REPO / "scripts" / "bench" / script),
+        "--steps",
+        "1",
+        "--world",
+        "2",
+    ]
     done = subprocess.run(
         [*argv, "--", *TINY_QUANTIZED, *flags], capture_output=True, text=True, timeout=120
     )

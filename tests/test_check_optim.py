@@ -1,6 +1,6 @@
 """zero_ref.check's torch-semantics reference against torch.optim itself (torch optional).
 
-scripts/check_torch_margin.py's loops: torch's AdamW, Adam (L2 decay) and SGD (momentum,
+scripts/bench/check_torch_margin.py's loops: torch's AdamW, Adam (L2 decay) and SGD (momentum,
 dampening, nesterov) in float32 on random gradients, two param groups of their own lr /
 weight decay / betas / eps, an lr changed every step, clipping by torch's
 clip_grad_norm_, a parameter without gradient on some steps (torch skips it: its count
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from zero_ref.check.checker import Checker
 
 pytest.importorskip("torch")
-_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "check_torch_margin.py"
+_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench" / "check_torch_margin.py"
 _spec = importlib.util.spec_from_file_location("check_torch_margin", _SCRIPT)
 margin = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(margin)

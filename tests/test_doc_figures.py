@@ -33,7 +33,8 @@ def offloaded_run(tmp_path_factory, tiny_corpus):
 
 @pytest.fixture
 def scripts(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    monkeypatch.syspath_prepend(str(REPO / "scripts" / "bench"))  # bench_offload's lanes
+    monkeypatch.syspath_prepend(str(REPO / "scripts" / "docs"))
     import plot_run
     import plot_trace
 
@@ -151,7 +152,7 @@ def test_calls_in_flight_together_get_rows_of_their_own(scripts):
 
 
 def test_offload_timeline_lanes_are_the_threads_that_ran_the_step(scripts, offloaded_run):
-    """offload_timeline.png (scripts/bench_offload.py) draws one lane per thread that
+    """offload_timeline.png (scripts/bench/bench_offload.py) draws one lane per thread that
     ran the offloaded step: the main thread's AdamW updates and each thread of the
     pipeline's I/O pool, which run reads and writes alike; never more I/O lanes than
     the pool has threads, and no lane that reads only or writes only by its label."""

@@ -1,4 +1,4 @@
-"""The measured tables of README.md and docs/*.md are exactly what scripts/doc_tables.py
+"""The measured tables of README.md and docs/*.md are exactly what scripts/docs/doc_tables.py
 writes from the recorded results in docs/results/, so a figure cannot drift from the
 run that measured it without this failing."""
 
@@ -16,7 +16,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("doc_tables", REPO / "scripts" / "doc_tables.py")
+    spec = importlib.util.spec_from_file_location(
+        "doc_tables", REPO / "scripts" / "docs" / "doc_tables.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look themselves up there
     spec.loader.exec_module(module)
@@ -25,7 +27,7 @@ def _load_script():
 
 tables = _load_script()
 DOCS = tables.doc_paths()
-# pages with tables of their own making: stages.md's are computed by scripts/stages_tables.py
+# pages with tables of their own making: stages.md's are computed by scripts/docs/stages_tables.py
 # (tests/test_docs.py), gpu.md and oracle.md are outside this check for now
 UNMARKED_ALLOWED = {"stages.md", "gpu.md", "oracle.md"}
 
@@ -39,7 +41,7 @@ def test_every_marker_names_a_renderer_and_a_recorded_result(doc):
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
 def test_the_doc_holds_what_the_script_writes(doc):
     _, stale = tables.rewrite(doc)
-    assert not stale, "stale (run python scripts/doc_tables.py):\n" + "\n".join(stale)
+    assert not stale, "stale (run python scripts/docs/doc_tables.py):\n" + "\n".join(stale)
 
 
 def test_every_recorded_result_is_shown_and_says_how_it_was_measured():

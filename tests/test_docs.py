@@ -22,11 +22,11 @@ def test_doc_examples_run(path, capsys):
 
 
 def test_the_stage_tables_are_what_the_formulas_give():
-    """docs/stages.md's byte tables come from scripts/stages_tables.py (memory.py's
+    """docs/stages.md's byte tables come from scripts/docs/stages_tables.py (memory.py's
     formulas): the page must hold exactly what the script prints."""
     import importlib.util
 
-    script = DOCS.parent / "scripts" / "stages_tables.py"
+    script = DOCS.parent / "scripts" / "docs" / "stages_tables.py"
     spec = importlib.util.spec_from_file_location("stages_tables", script)
     tables = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tables)
@@ -136,7 +136,11 @@ def test_every_command_parses_on_a_fresh_clone(page, tmp_path, monkeypatch, caps
 # The pages whose commands a reader runs in order, as a tutorial; each runs scaled
 # down (tests/doc_commands.py's scaled: a tiny GPT, steps / 100) in its own clone.
 TUTORIALS = ("README.md", "docs/checkpoints.md", "docs/memory.md", "docs/stages.md")
-CHEAP_SCRIPTS = ("scripts/plot_trace.py", "scripts/plot_run.py", "scripts/plot_checkpoint.py")
+CHEAP_SCRIPTS = (
+    "scripts/docs/plot_trace.py",
+    "scripts/docs/plot_run.py",
+    "scripts/docs/plot_checkpoint.py",
+)
 SLOW_ENV = ("ZERO_REF_INJECT_FAULT", "NUMBA_ENABLE_CUDASIM")  # a fault on purpose; the simulator
 
 
@@ -202,14 +206,15 @@ def check_run(cmd, out: str) -> None:
 
 def run_script(cmd, clone: Path, monkeypatch) -> None:
     """A plotting script in this process (matplotlib imported once, not per plot), from
-    the clone's root, as `python scripts/X.py ARGS` would run it."""
+    the clone's root, as `python scripts/docs/X.py ARGS` would run it (its folder first
+    on sys.path, as python puts it)."""
     import runpy
     import sys
 
     with monkeypatch.context() as patch:
         patch.chdir(clone)
         patch.setattr(sys, "argv", command_line(cmd, clone)[1:])
-        patch.syspath_prepend(str(clone / "scripts"))
+        patch.syspath_prepend(str((clone / cmd.script).parent))
         try:
             runpy.run_path(str(clone / cmd.script), run_name="__main__")
         except SystemExit as e:
@@ -302,7 +307,7 @@ def test_memory_pages_estimate_is_what_the_estimate_prints(capsys):
         ("mpirun -n 3 python -m zero_ref.train --batch-size 32 --micro-batch-size 8", "UsageError"),
         ("python -m zero_ref.consolidate ckpt", "SystemExit"),
         ("python -m zero_ref.estimate --ranks 0", "AssertionError"),
-        ("python scripts/plot_trace.py runs/x.json --outt a.png", "SystemExit"),
+        ("python scripts/docs/plot_trace.py runs/x.json --outt a.png", "SystemExit"),
     ],
 )
 def test_the_check_refuses_what_a_run_would(line, refused, tmp_path, monkeypatch, capsys):

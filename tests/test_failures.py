@@ -6,7 +6,7 @@ Faults are injected with ZERO_REF_INJECT_FAULT (zero_ref/testing/faults.py) into
 seconds on a loaded machine. No limit here is a tight timer: a job fails for
 printing nothing for minutes, or for running EXIT_AFTER_FAULT_S past its fault.
 With ZERO_REF_RELIABILITY_JSONL set, every case appends one row to that file;
-scripts/reliability_table.py turns the rows into the table in docs/reliability.md.
+scripts/bench/reliability_table.py turns the rows into the table in docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import pytest
 from tests.mpi_pool import REPO, mpi_env, mpirun_command, run_watched
 from zero_ref.app.data import encode_corpus
 from zero_ref.app.failure import CollectiveError, FailureGuard, step_started
-from zero_ref.comm.schedule import ScheduleMismatchError, check_agreement, signature
+from zero_ref.comm.signatures import ScheduleMismatchError, check_agreement, signature
 from zero_ref.io.metrics_log import read_jsonl
 from zero_ref.layout.flat import build_layout, rank_rows
 from zero_ref.models.mlp import CharMLP, MLPConfig
@@ -118,7 +118,7 @@ def leftover_processes(marker: str, grace_s: float = 30.0) -> list[int]:
 
 
 def record(case: str, fault: str, ended: str, job: Job | None, seconds: float, **extra) -> None:
-    """One row of docs/reliability.md, when scripts/reliability_table.py asks for them."""
+    """One row of docs/reliability.md, when scripts/bench/reliability_table.py asks for them."""
     path = os.environ.get("ZERO_REF_RELIABILITY_JSONL")
     if not path:
         return

@@ -1,4 +1,4 @@
-"""scripts/gpu_check.sh --rehearse: the GPU check's every phase, run as on a lent GPU
+"""scripts/tools/gpu_check.sh --rehearse: the GPU check's every phase, run as on a lent GPU
 machine but in numba-cuda's simulator at tiny sizes, offline, so that the check cannot
 rot before a GPU is lent (docs/gpu.md, "On a lent machine").
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "scripts" / "gpu_check.sh"
+SCRIPT = REPO / "scripts" / "tools" / "gpu_check.sh"
 PHASES = ["env", "tests", "oracle_stage3_bf16", "oracle_stage2_fp16_offload", "gpu_vs_cpu"]
 PHASES += ["checkpoint", "bench", "bench_train"]
 KERNELS = {"adamw", "unscale_and_clip", "round_fp16", "round_bf16", "embedding_backward"}
@@ -186,7 +186,8 @@ def test_a_phase_past_its_limit_is_recorded_and_the_next_one_runs(tmp_path):
 def script_module(name: str):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    (path,) = (REPO / "scripts").glob(f"*/{name}.py")  # tools/ or bench/ (bench_gpu)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -276,12 +277,12 @@ def test_the_env_phase_fails_with_the_cause_when_the_cuda_target_cannot_compile(
 
 
 def mpi_library(tmp_path: Path, script: str, **env: str) -> subprocess.CompletedProcess:
-    """A bash that sourced scripts/gpu_check_mpi.sh runs `script`."""
+    """A bash that sourced scripts/tools/gpu_check_mpi.sh runs `script`."""
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
     full = {**os.environ, "WORK": str(work), "REPO": str(REPO), "PY": sys.executable} | env
     return subprocess.run(
-        ["bash", "-c", f". {REPO / 'scripts' / 'gpu_check_mpi.sh'}; {script}"],
+        ["bash", "-c", f". {REPO / 'scripts' / 'tools' / 'gpu_check_mpi.sh'}; {script}"],
         env=full, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
 
@@ -412,7 +413,7 @@ def test_a_training_run_past_its_limit_is_stopped_with_the_processes_it_started(
     ranks) are killed, and the next run goes on (their JSON lines print as they end)."""
     import time
 
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))  # bench_gpu imports bench_common
+    monkeypatch.syspath_prepend(str(REPO / "scripts" / "bench"))  # bench_gpu imports bench_common
     bench = script_module("bench_gpu")
     child = tmp_path / "child.pid"
     started = time.monotonic()

@@ -1,7 +1,7 @@
 """The device kernels against their NumPy twins, element by element, at awkward sizes.
 
 In CI they run in numba-cuda's simulator (tests/conftest.py sets NUMBA_ENABLE_CUDASIM=1);
-scripts/gpu_check.sh runs the same tests on a real GPU, where the libdevice `_rn`
+scripts/tools/gpu_check.sh runs the same tests on a real GPU, where the libdevice `_rn`
 spelling is what keeps them bitwise (zero_ref/cuda_math.py). Each kernel sits beside its twin:
 zero_ref/rounding_cuda.py, zero_ref/optim/{adamw,gradnorm,nonfinite}_cuda.py,
 zero_ref/models/layers_cuda.py."""
@@ -140,7 +140,7 @@ def test_the_embedding_backward_kernel_is_the_cpu_kernel_bitwise(n, columns):
 
 
 def test_bench_gpu_runs_and_ends_with_json():
-    """scripts/bench_gpu.py end to end (in the simulator a tiny array, flagged as such)."""
+    """scripts/bench/bench_gpu.py end to end (in the simulator a tiny array, flagged as such)."""
     import json
     import subprocess
     import sys
@@ -148,8 +148,8 @@ def test_bench_gpu_runs_and_ends_with_json():
     from tests.mpi_pool import REPO
 
     done = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "bench_gpu.py"), "--repeats", "1"],
-        cwd=REPO / "scripts",
+        [sys.executable, str(REPO / "scripts" / "bench" / "bench_gpu.py"), "--repeats", "1"],
+        cwd=REPO / "scripts" / "bench",
         capture_output=True,
         text=True,
         timeout=300,

@@ -29,7 +29,7 @@ def land_all(store, plan, values, k: int) -> None:
     """Every bucket of every micro-step, in the order backward fires them."""
     for micro in range(k):
         for bucket in plan:
-            out = store.landing(bucket, micro)
+            out = store.target(bucket, micro)
             lo = bucket.shard_offset
             out[...] = values[micro][lo : lo + bucket.shard_numel]
             store.landed(bucket, out, micro)

@@ -1,4 +1,4 @@
-"""scripts/netns_hosts.sh: two namespace hosts are made, joined by a rate-limited link that
+"""scripts/bench/netns_hosts.sh: two namespace hosts are made, joined by a rate-limited link that
 MPI really uses, and removed without a trace. Needs root (network namespaces); where
 they cannot be made the test skips and says why."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-LIB = REPO / "scripts" / "netns_hosts.sh"
+LIB = REPO / "scripts" / "bench" / "netns_hosts.sh"
 PREFIX, SUBNET = "zrpt", "10.79.1"  # this test's own names, apart from the benchmark's
 
 HELLO = (  # each rank writes its line to a file of its own: Hydra may drop a rank's last

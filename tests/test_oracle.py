@@ -187,7 +187,7 @@ def test_model_step_with_replay_model_equals_step_with_its_gradients():
 
 
 def run_torch_example(script: str, *args: str) -> dict:
-    """Run one of the scripts/oracle_*_example.py and return its last line's JSON."""
+    """Run one of the scripts/examples/oracle_*_example.py and return its last line's JSON."""
     import json
     import subprocess
     import sys
@@ -195,8 +195,8 @@ def run_torch_example(script: str, *args: str) -> dict:
     from tests.mpi_pool import REPO
 
     done = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / script), *args],
-        cwd=REPO / "scripts",
+        [sys.executable, str(REPO / "scripts" / "examples" / script), *args],
+        cwd=REPO / "scripts" / "examples",
         capture_output=True,
         text=True,
         timeout=300,
@@ -206,7 +206,7 @@ def run_torch_example(script: str, *args: str) -> dict:
 
 
 def test_pytorch_ddp_example_passes_zero_ref_check_and_names_a_missing_division():
-    """scripts/oracle_ddp_example.py: DDP (2 gloo processes, accumulation, clipping,
+    """scripts/examples/oracle_ddp_example.py: DDP (2 gloo processes, accumulation, clipping,
     torch's AdamW) watched by zero_ref.check: every step within the bound."""
     pytest.importorskip("torch")
     assert run_torch_example("oracle_ddp_example.py") == {
@@ -217,7 +217,7 @@ def test_pytorch_ddp_example_passes_zero_ref_check_and_names_a_missing_division(
 
 
 def test_pytorch_fsdp2_example_passes_zero_ref_check():
-    """scripts/oracle_fsdp_example.py: FSDP2 fully_shard (2 gloo processes, two units,
+    """scripts/examples/oracle_fsdp_example.py: FSDP2 fully_shard (2 gloo processes, two units,
     accumulation without sync, clipping of DTensor grads, torch's AdamW) watched by
     zero_ref.check, which hooks the unsharded parameters before the reduce-scatter."""
     torch = pytest.importorskip("torch")

@@ -1,4 +1,4 @@
-"""scripts/overlap_budget.py's pure parts: a trace's step shared out into phases, and the
+"""scripts/bench/overlap_budget.py's pure parts: a trace's step shared out into phases, and the
 dependency bound (the least step time a schedule of the collectives could reach)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts" / "bench"))
 
 from overlap_budget import dependency_bound, kind_link_seconds, step_phases  # noqa: E402
 

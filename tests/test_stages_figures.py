@@ -1,6 +1,6 @@
 """docs/stages.md's figures of precision, offload, checkpoints and the GPU path, redrawn
 from small runs of the commands the page gives: each figure must have nothing outside
-its axes (scripts/plot_run.py's outside_axes), and the bytes it shows must be the
+its axes (scripts/docs/plot_run.py's outside_axes), and the bytes it shows must be the
 run's own (its --log-jsonl ledger, its swap files, its checkpoint's layout)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from tests.mpi_pool import REPO, mpi_env, mpirun_command, run_watched
 from tests.tiny_gpt import TINY_GPT
 
-SCRIPTS = REPO / "scripts"
+SCRIPTS = REPO / "scripts" / "docs"
 
 
 @pytest.fixture

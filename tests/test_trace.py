@@ -26,7 +26,7 @@ def rank_events(path, rank: int) -> list[dict]:
 
 def steps_of(mine: list[dict]) -> list[list[dict]]:
     """The events of each step: from the end of the previous optimizer step to the end of
-    this one (what scripts/plot_trace.py draws as a step)."""
+    this one (what scripts/docs/plot_trace.py draws as a step)."""
     ends = [e["ts"] + e["dur"] for e in mine if e["cat"] == "optimizer"]
     return [
         [e for e in mine if lo <= e["ts"] < hi]

@@ -230,7 +230,7 @@ def test_config_file_and_plot(corpus, tmp_path):
         logs.append(str(log))
     out = tmp_path / "img" / "run"
     plot = run_watched(
-        [sys.executable, str(REPO / "scripts" / "plot_run.py"), *logs, "--out", str(out)]
+        [sys.executable, str(REPO / "scripts" / "docs" / "plot_run.py"), *logs, "--out", str(out)]
     )
     assert plot.returncode == 0, plot.stderr
     for kind in ("loss", "memory", "comm"):
@@ -263,7 +263,7 @@ def test_help_is_printed_once():
 
 def test_a_figure_with_bars_above_its_axes_is_refused():
     """The old memory figure shared one y-axis whose limit came from stage 3's panel,
-    cutting off stages 0-2: scripts/plot_run.py's check finds exactly that."""
+    cutting off stages 0-2: scripts/docs/plot_run.py's check finds exactly that."""
     import importlib.util
 
     import matplotlib
@@ -271,7 +271,9 @@ def test_a_figure_with_bars_above_its_axes_is_refused():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    spec = importlib.util.spec_from_file_location("plot_run", REPO / "scripts" / "plot_run.py")
+    spec = importlib.util.spec_from_file_location(
+        "plot_run", REPO / "scripts" / "docs" / "plot_run.py"
+    )
     plot_run = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plot_run)
     fig, axes = plt.subplots(1, 2, sharey=True)

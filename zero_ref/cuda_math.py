@@ -77,7 +77,7 @@ if SIMULATOR:  # Python on float32 scalars: one rounding per operation already
     def sqrt(a):
         return np.sqrt(a)
 
-else:  # pragma: no cover - needs a GPU (scripts/gpu_check.sh)
+else:  # pragma: no cover - needs a GPU (scripts/tools/gpu_check.sh)
     from numba.cuda import libdevice
 
     mul, add, sub = libdevice.fmul_rn, libdevice.fadd_rn, libdevice.fsub_rn

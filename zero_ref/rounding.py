@@ -8,7 +8,7 @@ into 16 bits after backward and after each sum. NumPy's own float32 -> float16 c
 is correct but slow where it matters: a result that is subnormal or Inf costs it
 ~150 ns an element (it raises the FPU's underflow/overflow flags one element at a
 time), and small gradients are exactly that. The kernels here cost 0.05-0.2 ns
-(vectorised; scripts/bench_rounding.py).
+(vectorised; scripts/bench/bench_rounding.py).
 
 The rule, in every twin (this module, zero_ref/rounding_cuda.py's CUDA kernels):
 

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 from zero_ref import __version__
 from zero_ref.app.agreement import check_same_job, job_parts
 from zero_ref.app.cli import Parsed, parse_args
+from zero_ref.app.console import Console
 from zero_ref.app.data import unigram_entropy
 from zero_ref.app.failure import step_started
 from zero_ref.app.process_memory import PhasePeaks
-from zero_ref.app.progress import Progress
 from zero_ref.app.resume import Saver, announce_resume, resume_engine
 from zero_ref.app.run_finish import finish
 from zero_ref.app.run_setup import (
@@ -53,7 +53,7 @@ class Training:
     job: Prepared
     first: int  # the step this run starts after (a resumed run: the checkpoint's)
     phases: PhasePeaks
-    progress: Progress
+    console: Console
     log: JsonlLog | None
     saver: Saver
     check: OracleCheck | None
@@ -96,12 +96,12 @@ def set_up(parsed: Parsed, mpi_comm) -> Training:
     refuse_if_it_cannot_fit(parsed, job.task, comm, budget.ranks_on_host)
     engine, first, loaded = build_engine(parsed, job, comm, trace)
     phases.end("init")
-    progress = Progress(run, comm.rank == 0, first)
-    progress.say(first_line(parsed, job, engine) + f"; {budget.describe()}" + device_line(engine))
-    check, log, saver = start(parsed, job, engine, first, loaded, progress)
+    console = Console(run, comm.rank == 0, first)
+    console.say(first_line(parsed, job, engine) + f"; {budget.describe()}" + device_line(engine))
+    check, log, saver = start(parsed, job, engine, first, loaded, console)
     if trace is not None:  # from the first step on: units, collectives, the update, saves
         engine.attach_trace(trace)
-    return Training(parsed, engine, job, first, phases, progress, log, saver, check, trace)
+    return Training(parsed, engine, job, first, phases, console, log, saver, check, trace)
 
 
 def build_engine(parsed: Parsed, job: Prepared, comm: Comm, trace: Trace | None):
@@ -118,20 +118,20 @@ def build_engine(parsed: Parsed, job: Prepared, comm: Comm, trace: Trace | None)
     return resume_engine(job.checkpoint, comm, build)
 
 
-def start(parsed: Parsed, job: Prepared, engine, first: int, loaded: dict | None, progress):
+def start(parsed: Parsed, job: Prepared, engine, first: int, loaded: dict | None, console):
     """The notes, the stale swap folders, the oracle check, the log, the resume's lines
     and the saver (which checks the room for a save): (check, log, saver)."""
     from zero_ref.app.oracle_check import OracleCheck
 
     run, checkpoint = parsed.run, job.checkpoint
     for note in parsed.notes:
-        progress.always(note)
-    report_stale_swap(engine, progress)
+        console.always(note)
+    report_stale_swap(engine, console)
     check = OracleCheck(engine, parsed.zero, job.task.model) if run.check_oracle else None
-    log = open_log(run, engine.rank == 0, progress, first if checkpoint else None)
+    log = open_log(run, engine.rank == 0, console, first if checkpoint else None)
     if checkpoint:
-        announce_resume(checkpoint, parsed, engine.world, job.tokens, loaded, progress, log)
-    saver = Saver(parsed, engine, job.tokens, progress, log, first)
+        announce_resume(checkpoint, parsed, engine.world, job.tokens, loaded, console, log)
+    saver = Saver(parsed, engine, job.tokens, console, log, first)
     return check, log, saver
 
 
@@ -142,12 +142,12 @@ def train_steps(t: Training) -> int:
     for step in range(t.first + 1, t.last + 1):
         record = train_step(t, step)
         skipped += record["skipped"]
-        t.progress.update(record)
+        t.console.update(record)
         if t.log:
             t.log.write(record)
         if save_every and step % save_every == 0:
             t.saver.save(step)
-    t.progress.close()
+    t.console.close()
     t.phases.end("train")
     return skipped
 
@@ -186,11 +186,11 @@ def end_training(t: Training, skipped: int) -> None:
     """The oracle's summary, the skipped steps, the last save, the report, the cleanup."""
     engine, run, checkpoint = t.engine, t.parsed.run, t.job.checkpoint
     if t.check:
-        t.progress.always(t.check.describe())
+        t.console.always(t.check.describe())
     if skipped or t.parsed.zero.precision == "fp16":
         scale = f", loss scale now {engine.loss_scale():g}" if engine.scaler else ""
         steps = f"{skipped} of {t.last - t.first} steps"
-        t.progress.always(f"{steps} skipped (NaN/Inf gradients){scale}")
+        t.console.always(f"{steps} skipped (NaN/Inf gradients){scale}")
     if checkpoint:
         checkpoint.close()
     if run.save_dir and t.last > t.first and t.saver.last_saved != t.last:
@@ -215,7 +215,7 @@ def _hybrid_phrase(engine) -> str:
     """With hybrid sharding: how the ranks are grouped (engine/hybrid.py)."""
     if engine.cfg.hybrid_shard_size is None:
         return ""
-    groups = engine.replicas.replicas
+    groups = engine.hybrid.replicas
     return f" (hybrid sharding: {groups} groups of {engine.shard_world}, replicated)"
 
 

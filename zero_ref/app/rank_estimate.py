@@ -38,7 +38,7 @@ from zero_ref.offload.swap_file import ALIGN
 
 # What a rank holds above its baseline that nothing here counts: malloc's heap in
 # use, library pages touched after the baseline, MPI's shared memory. Measured,
-# not derived: 8 to 10 MiB per rank in docs/memory.md's runs (scripts/bench_memory.py).
+# not derived: 8 to 10 MiB per rank in docs/memory.md's runs (scripts/bench/bench_memory.py).
 OVERHEAD_BYTES = 8 * 2**20
 
 

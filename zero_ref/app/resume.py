@@ -109,18 +109,18 @@ def resume_engine(checkpoint: Checkpoint, comm, build) -> tuple[Any, int, dict[s
     )
 
 
-def announce_resume(checkpoint, parsed, world, tokens, loaded, progress, log) -> None:
+def announce_resume(checkpoint, parsed, world, tokens, loaded, console, log) -> None:
     """Rank 0's lines about the resume (every setting that changed, in every mode),
     and its --log-jsonl record."""
     for line in describe_resume(checkpoint, parsed, world):
-        progress.always(line)
+        console.always(line)
     if checkpoint.manifest["training"]["data"]["corpus_crc32"] != corpus_crc32(tokens):
-        progress.always("resume: the corpus differs from the one the checkpoint saw")
+        console.always("resume: the corpus differs from the one the checkpoint saw")
     last = parsed.run.stop_at_step or parsed.run.steps
     if checkpoint.step == last:
-        progress.always(f"resume: the checkpoint is at step {last} already: nothing to train")
+        console.always(f"resume: the checkpoint is at step {last} already: nothing to train")
     size, seconds = loaded["bytes"], loaded["load_s"]
-    progress.say(
+    console.say(
         f"loaded {size / 1e6:,.1f} MB in {seconds:.2f} s ({size / seconds / 1e9:.2f} GB/s, "
         f"CRC-32 checks {loaded['verify_s']:.2f} s of it)"
     )
@@ -140,12 +140,12 @@ class Saver:
         parsed: Parsed,
         engine,
         tokens,
-        progress,
+        console,
         log,
         first: int = 0,
         free_bytes: FreeBytes = disk_free_bytes,
     ) -> None:
-        self.parsed, self.engine, self.tokens, self.progress = parsed, engine, tokens, progress
+        self.parsed, self.engine, self.tokens, self.console = parsed, engine, tokens, console
         self.log = log  # rank 0's --log-jsonl, or None
         self.free_bytes = free_bytes
         self.last_saved: int | None = None
@@ -176,10 +176,10 @@ class Saver:
         with self.engine.comm.ledger.off_the_books():
             result = save_checkpoint(self.engine, run.save_dir, step, training, run.keep_last)
         for name in result.removed:
-            self.progress.always(f"removed {name}, left by a save that was killed")
-        self.progress.say(result.describe())
+            self.console.always(f"removed {name}, left by a save that was killed")
+        self.console.say(result.describe())
         for name in result.pruned:
-            self.progress.say(f"removed checkpoint {name} (--keep-last {run.keep_last})")
+            self.console.say(f"removed checkpoint {name} (--keep-last {run.keep_last})")
         if self.log:
             folder, size, seconds = str(result.folder), result.bytes, result.seconds
             record = {"checkpoint": folder, "after_step": step, "bytes": size, "save_s": seconds}

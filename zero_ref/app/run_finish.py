@@ -102,7 +102,7 @@ def _hybrid_lines(engine) -> list[str]:
     return [
         f"hybrid sharding: ZeRO inside groups of {engine.shard_world} ranks (the lines "
         f"above), plus {engine.hybrid_sent_bytes():,} bytes per rank per step across the "
-        f"{engine.replicas.replicas} groups (allreduce_hybrid)"
+        f"{engine.hybrid.replicas} groups (allreduce_hybrid)"
     ]
 
 

@@ -12,9 +12,9 @@ from typing import NamedTuple
 import numpy as np
 
 from zero_ref.app.cli import Parsed, UsageError
+from zero_ref.app.console import Console
 from zero_ref.app.data import CharVocab, encode_corpus, load_text
 from zero_ref.app.output_paths import check_output_paths, output_paths, remove_stale_temporaries
-from zero_ref.app.progress import Progress
 from zero_ref.app.resume import open_checkpoint
 from zero_ref.app.tasks import Task, build_task
 from zero_ref.checkpoint.reader import Checkpoint
@@ -130,17 +130,17 @@ def device_line(engine) -> str:
     return f"; device: {engine.device_description}; {engine.comm.path}"
 
 
-def report_stale_swap(engine, progress: Progress) -> None:
+def report_stale_swap(engine, console: Console) -> None:
     """Swap folders a killed run left under --nvme-path, removed at this start (all
     ranks' counts, said once)."""
     everyone = engine.comm.mpi.gather(engine.stale_swap_folders(), root=0)
     if engine.rank == 0 and any(everyone):
         found = [p for rank in everyone for p in rank]
-        progress.always(f"removed {len(found)} swap folder(s) a killed run left: {found[0]} ...")
+        console.always(f"removed {len(found)} swap folder(s) a killed run left: {found[0]} ...")
 
 
 def open_log(
-    run, is_root: bool, progress: Progress, after_step: int | None = None
+    run, is_root: bool, console: Console, after_step: int | None = None
 ) -> JsonlLog | None:
     """Rank 0's --log-jsonl, after removing what a killed earlier writer left; a resumed
     run continues the log after its checkpoint's step."""
@@ -148,5 +148,5 @@ def open_log(
         return None
     for path in output_paths(run).values():
         for stale in remove_stale_temporaries(path):
-            progress.always(f"removed {stale}, left by a writer that was killed")
+            console.always(f"removed {stale}, left by a writer that was killed")
     return JsonlLog(run.log_jsonl, after_step) if run.log_jsonl else None

@@ -9,7 +9,7 @@ key and a doc cannot disagree:
     DEFAULTS, the range checks             zero_ref.app.cli (POSITIVE, NON_NEGATIVE)
     ZeroConfig/AdamWConfig/... from flags  zero_ref.app.cli (fed)
     the DeepSpeed keys and their parsers   zero_ref.app.ds_config (DS_KEYS)
-    docs/flags.md, docs' flag tables       scripts/flag_tables.py (tests/test_settings.py)
+    docs/flags.md, docs' flag tables       scripts/docs/flag_tables.py (tests/test_settings.py)
 
 A setting that feeds a library field (`feeds="ZeroConfig.stage"`) takes that
 field's default unless it names its own; where the command line's default differs

@@ -72,7 +72,7 @@ class Checkpoint:
 
     def saved_layout(self) -> dict:
         """Who saved it, and each unit's size and slice as it was cut: what a trace's
-        "resume" event says, so that each read can be placed (scripts/plot_checkpoint.py)."""
+        "resume" event says, so that each read can be placed (scripts/docs/plot_checkpoint.py)."""
         m = self.manifest
         units = [
             {"name": u.name, "numel": u.numel, "shard_numel": u.shard_numel}

@@ -75,7 +75,7 @@ def save_checkpoint(
     directory/step_{step}/ (a collective; rank 0's result is complete). `training`
     is the caller's record of the run's position and config (plain JSON data)."""
     comm, rank = engine.comm, engine.rank
-    writes = engine.replicas.group_index == 0  # hybrid sharding: one group's files
+    writes = engine.hybrid.group_index == 0  # hybrid sharding: one group's files
     directory, tag = Path(directory), tag_for(step)
     partial = directory / f".{tag}.partial"
     t0 = time.perf_counter()

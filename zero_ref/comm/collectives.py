@@ -16,7 +16,7 @@ whose policy disagrees with its config (the clipping norm follows the same switc
 16-bit buffers (mixed precision, zero_ref/engine/precision.py) travel as 16-bit
 words: MPI has no bfloat16 type, and MPICH's float16 MPI_SUM rounds every partial
 sum to 16 bits, in an order of its choosing, and is slower than the alternative
-(scripts/bench_half_reduce.py). So a sum of 16-bit values is always an Alltoall of
+(scripts/bench/bench_half_reduce.py). So a sum of 16-bit values is always an Alltoall of
 the words, then each rank widens its rows to float32, adds them in rank order and
 rounds once: half the bytes of float32 on the wire, and deterministic in either
 mode. A sum may land in a buffer of another dtype (16-bit gradients summed into
@@ -25,7 +25,7 @@ float32 ones): it is rounded once, to the receiving buffer's dtype.
 With check_schedule on (a debug mode), ranks first agree on what each collective
 is -- operation, count, dtype, where in the step, step -- so a rank that skips
 or reorders a collective raises ScheduleMismatchError instead of hanging (see
-zero_ref/comm/schedule.py). That exchange is not counted in the ledger.
+zero_ref/comm/signatures.py). That exchange is not counted in the ledger.
 """
 
 from __future__ import annotations
@@ -35,16 +35,16 @@ from collections.abc import Callable
 import numpy as np
 from mpi4py import MPI
 
-from zero_ref.comm import schedule
+from zero_ref.comm import signatures
 from zero_ref.comm.ledger import CommLedger
 from zero_ref.comm.nonblocking import NonBlockingCollectives, check_bytes, check_quantized
-from zero_ref.comm.progress import Progress, progress_for
+from zero_ref.comm.progress import ProgressPolicy, progress_for
 from zero_ref.comm.reduction import (
     CROSS_HOP,
     LOCAL_HOP,
     MPIReduction,
     OrderedReduction,
-    QuantizedWire,
+    QuantizedBuffers,
     first_hop,
     hop_bytes,
     second_hop,
@@ -69,7 +69,7 @@ class Comm(NonBlockingCollectives):
         reduction: MPIReduction | OrderedReduction | None = None,
         check_schedule: bool = False,
         arrays: HostArrays = HOST,
-        progress: Progress | None = None,
+        progress: ProgressPolicy | None = None,
     ) -> None:
         """arrays: what the buffers are (their temporaries, roundings and the wait before
         MPI touches them): HostArrays, or DeviceArrays for device buffers handed to a
@@ -111,10 +111,10 @@ class Comm(NonBlockingCollectives):
         """With check_schedule: all-gather every rank's signature; raise on a mismatch."""
         if not self.check_schedule:
             return
-        mine = schedule.signature(op, count, dtype, self.where, self.step)
+        mine = signatures.signature(op, count, dtype, self.where, self.step)
         everyone = np.empty((self.size, mine.size), np.uint8)  # row r: rank r's signature
         self.mpi.Allgather(mine, everyone)
-        schedule.check_agreement(everyone)
+        signatures.check_agreement(everyone)
 
     def _check(self, full, block=None, same_dtype: bool = True) -> None:
         """_check_blocks with the buffers' element names; then wait for a device's
@@ -155,39 +155,39 @@ class Comm(NonBlockingCollectives):
         self._timed("reduce_scatter", recv.size, 1, fn, send.dtype.itemsize)
 
     def reduce_scatter_quantized(
-        self, send: np.ndarray, recv: np.ndarray, starts: np.ndarray, wire: QuantizedWire
+        self, send: np.ndarray, recv: np.ndarray, starts: np.ndarray, packed: QuantizedBuffers
     ) -> None:
         """recv (n,) = sum over ranks of their send block for this rank, through int8 or
-        int4 (ZeRO++'s qgZ, wire.bits): send (W*n,) float32 or 16-bit, quantized in the
-        blocks at `starts` (zero_ref/layout/grad_blocks.py); wire: the send and received
+        int4 (ZeRO++'s qgZ, packed.bits): send (W*n,) float32 or 16-bit, quantized in the
+        blocks at `starts` (zero_ref/layout/grad_blocks.py); packed: the send and received
         bytes, two (W, P) uint8 buffers, P = ceil(n bits / 8) + 4 * len(starts). The ledger
         counts the bytes moved, as reduce_scatter_int8 or reduce_scatter_int4."""
         self._check(send, recv, same_dtype=False)
-        check_quantized(send, recv, starts, wire, self.size)
+        check_quantized(send, recv, starts, packed, self.size)
         self.arrays.sync()
-        kind = f"reduce_scatter_int{wire.bits}"
+        kind = f"reduce_scatter_int{packed.bits}"
         self._agree(kind, recv.size, f"blocks {len(starts)}")
-        fn = lambda: sum_quantized(self.mpi, send, recv, starts, wire, self.arrays)  # noqa: E731
-        self._timed(kind, wire.send.shape[1], 1, fn, 1)
+        fn = lambda: sum_quantized(self.mpi, send, recv, starts, packed, self.arrays)  # noqa: E731
+        self._timed(kind, packed.send.shape[1], 1, fn, 1)
 
     def reduce_scatter_quantized_two_hops(
-        self, send: np.ndarray, recv: np.ndarray, starts: np.ndarray, wire: QuantizedWire, hops
+        self, send: np.ndarray, recv: np.ndarray, starts: np.ndarray, packed: QuantizedBuffers, hops
     ) -> None:
         """reduce_scatter_quantized in DeepSpeed's two hops (reduction.py first_hop and
         second_hop) over `hops` (zero_ref/comm/groups.py QgzHops: H groups of L ranks),
-        with the same (W, P) wire. The ledger books the first hop as
+        with the same (W, P) buffers. The ledger books the first hop as
         reduce_scatter_int{bits}_local ((L-1) H rows each way, inside the group) and the
         second as _cross (H-1 rows): together the one hop's W-1 rows."""
         self._check(send, recv, same_dtype=False)
-        check_quantized(send, recv, starts, wire, self.size)
-        kind = f"reduce_scatter_int{wire.bits}"
+        check_quantized(send, recv, starts, packed, self.size)
+        kind = f"reduce_scatter_int{packed.bits}"
         self._agree(kind + LOCAL_HOP, recv.size, f"blocks {len(starts)}")
         local, cross, arrays = hops.local.mpi, hops.cross.mpi, self.arrays
-        within, across = hop_bytes(wire.send.shape[1], hops)
+        within, across = hop_bytes(packed.send.shape[1], hops)
         groups = hops.cross.size
-        hop1 = lambda: first_hop(local, groups, send, starts, wire, arrays)  # noqa: E731
+        hop1 = lambda: first_hop(local, groups, send, starts, packed, arrays)  # noqa: E731
         self.ledger.run(kind + LOCAL_HOP, within, within, hop1)
-        hop2 = lambda: second_hop(cross, recv, starts, wire, arrays)  # noqa: E731
+        hop2 = lambda: second_hop(cross, recv, starts, packed, arrays)  # noqa: E731
         self.ledger.run(kind + CROSS_HOP, across, across, hop2)
 
     def _reduce_scatter_rounded(self, send: np.ndarray, recv: np.ndarray) -> None:

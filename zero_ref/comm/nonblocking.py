@@ -52,11 +52,11 @@ def check_bytes(send: np.ndarray, recv: np.ndarray, world: int) -> None:
         raise ValueError(f"block of {send.size} bytes x {world} ranks != {recv.size}")
 
 
-def check_quantized(send, recv, starts: np.ndarray, wire, world: int) -> None:
+def check_quantized(send, recv, starts: np.ndarray, packed, world: int) -> None:
     """A quantized reduce-scatter's byte buffers: two contiguous (W, P) uint8, P the
-    payload of n values in wire.bits (8 or 4) and 4 bytes a block."""
-    shape = (world, segment_payload_bytes(recv.size, len(starts), wire.bits))
-    for buf in (wire.send, wire.got):
+    payload of n values in packed.bits (8 or 4) and 4 bytes a block."""
+    shape = (world, segment_payload_bytes(recv.size, len(starts), packed.bits))
+    for buf in (packed.send, packed.got):
         if buf.dtype != np.uint8 or not buf.flags.c_contiguous or buf.shape != shape:
             raise ValueError(
                 f"a quantized reduce-scatter needs contiguous uint8 buffers of shape {shape}; "
@@ -88,21 +88,21 @@ class NonBlockingCollectives:
         return self._issued("reduce_scatter", recv.size, itemsize, request, finish, keep, t0, lane)
 
     def ireduce_scatter_quantized(
-        self, send: np.ndarray, recv: np.ndarray, starts: np.ndarray, wire, lane: str = ""
+        self, send: np.ndarray, recv: np.ndarray, starts: np.ndarray, packed, lane: str = ""
     ) -> InFlight:
         """reduce_scatter_quantized, issued: quantized and its Alltoall issued now, the
         received blocks dequantized and added in rank order when they are in."""
         t0 = time.perf_counter()
         self._check(send, recv, same_dtype=False)
-        check_quantized(send, recv, starts, wire, self.size)
+        check_quantized(send, recv, starts, packed, self.size)
         self.arrays.sync()
-        kind = f"reduce_scatter_int{wire.bits}"
+        kind = f"reduce_scatter_int{packed.bits}"
         self._agree(kind, recv.size, f"blocks {len(starts)}")
-        request, finish, keep = isum_quantized(self.mpi, send, recv, starts, wire, self.arrays)
-        return self._issued(kind, wire.send.shape[1], 1, request, finish, keep, t0, lane)
+        request, finish, keep = isum_quantized(self.mpi, send, recv, starts, packed, self.arrays)
+        return self._issued(kind, packed.send.shape[1], 1, request, finish, keep, t0, lane)
 
     def ireduce_scatter_quantized_two_hops(
-        self, send: np.ndarray, recv: np.ndarray, starts: np.ndarray, wire, hops, lane: str = ""
+        self, send: np.ndarray, recv: np.ndarray, starts: np.ndarray, packed, hops, lane: str = ""
     ) -> ChainedFlight:
         """reduce_scatter_quantized_two_hops, issued: quantized and the first hop's
         Alltoall issued now; the partial sums and the second hop's Alltoall issued when
@@ -110,19 +110,19 @@ class NonBlockingCollectives:
         the second is in."""
         t0 = time.perf_counter()
         self._check(send, recv, same_dtype=False)
-        check_quantized(send, recv, starts, wire, self.size)
-        kind = f"reduce_scatter_int{wire.bits}"
+        check_quantized(send, recv, starts, packed, self.size)
+        kind = f"reduce_scatter_int{packed.bits}"
         self._agree(kind + LOCAL_HOP, recv.size, f"blocks {len(starts)}")
-        within, across = hop_bytes(wire.send.shape[1], hops)
-        request = ifirst_hop(hops.local.mpi, hops.cross.size, send, starts, wire, self.arrays)
+        within, across = hop_bytes(packed.send.shape[1], hops)
+        request = ifirst_hop(hops.local.mpi, hops.cross.size, send, starts, packed, self.arrays)
 
         def second() -> MPI.Request:
             self.ledger.record_issued(kind + CROSS_HOP, across, across)
-            return isecond_hop(hops.cross.mpi, starts, recv.size, wire, self.arrays)
+            return isecond_hop(hops.cross.mpi, starts, recv.size, packed, self.arrays)
 
-        finish = lambda: finish_second_hop(hops.cross.size, starts, recv, wire, self.arrays)  # noqa: E731
+        finish = lambda: finish_second_hop(hops.cross.size, starts, recv, packed, self.arrays)  # noqa: E731
         self.ledger.record_issued(kind + LOCAL_HOP, within, within)
-        keep, args = (wire.send, wire.got), {"sent_bytes": within + across, "lane": lane}
+        keep, args = (packed.send, packed.got), {"sent_bytes": within + across, "lane": lane}
         flight = ChainedFlight(self, kind + LOCAL_HOP, request, second, finish, keep, args)
         flight.issue_seconds = time.perf_counter() - t0
         return flight

@@ -54,7 +54,7 @@ POLL_S = 1e-3
 _IDLE_WAIT_S = 0.05  # the thread's longest sleep while nothing is in flight
 
 
-class Progress(Protocol):
+class ProgressPolicy(Protocol):
     """What the engine calls around each non-blocking collective."""
 
     name: str
@@ -73,7 +73,7 @@ class Progress(Protocol):
         unusable afterwards."""
 
 
-class _InFlight:
+class _OpenRequests:
     """The requests issued and not yet finished, under a lock (the thread reads it)."""
 
     def __init__(self) -> None:
@@ -126,16 +126,16 @@ class NoProgress:
     name = "none"
 
     def __init__(self) -> None:
-        self.in_flight = _InFlight()
+        self.open_requests = _OpenRequests()
 
     def started(self, request: MPI.Request) -> None:
-        self.in_flight.add(request)
+        self.open_requests.add(request)
 
     def poke(self) -> None:
         pass
 
     def finished(self, request: MPI.Request) -> None:
-        self.in_flight.remove(request)
+        self.open_requests.remove(request)
 
     def close(self) -> None:
         pass
@@ -163,7 +163,7 @@ class TestProgress(NoProgress):
         self.pokes = 0  # the pokes that called into MPI
 
     def poke(self) -> None:
-        if self.in_flight.count():
+        if self.open_requests.count():
             self.pumper.pump()
             self.pokes += 1
 
@@ -198,7 +198,7 @@ class ThreadProgress(NoProgress):
 
     def _loop(self) -> None:
         while not self.stopping.is_set():
-            if not self.in_flight.count():
+            if not self.open_requests.count():
                 self.wake.wait(_IDLE_WAIT_S)
                 self.wake.clear()
                 continue
@@ -256,7 +256,7 @@ def require_mpich_async() -> None:
     require_thread_multiple("mpich")  # MPICH prints a warning and starts no thread without it
 
 
-def progress_for(mode: str, mpi_comm: MPI.Comm | None = None, **options) -> Progress:
+def progress_for(mode: str, mpi_comm: MPI.Comm | None = None, **options) -> ProgressPolicy:
     """The progress policy named by mode (one of PROGRESS_MODES).
 
     mpi_comm: the engine's communicator (unused today: MPICH's progress is per process;

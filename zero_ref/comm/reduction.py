@@ -127,7 +127,7 @@ def words_of(buf: np.ndarray) -> np.ndarray:
     return buf.view(np.uint16) if buf.dtype.itemsize == 2 else buf
 
 
-class QuantizedWire(NamedTuple):
+class QuantizedBuffers(NamedTuple):
     """qgZ's byte buffers for one reduce-scatter: `send` and `got`, two (W, P) uint8 (row d
     of send goes to rank d, row r of got came from rank r), P the payload of a row in
     `bits`-bit values and float32 block scales (zero_ref/quantize.py)."""
@@ -162,26 +162,28 @@ def dequantize_sum(got: np.ndarray, starts: np.ndarray, recv, arrays: HostArrays
         arrays.round_into(recv, total)
 
 
-def sum_quantized(mpi: MPI.Comm, staging, recv, starts, wire: QuantizedWire, arrays=HOST) -> None:
+def sum_quantized(
+    mpi: MPI.Comm, staging, recv, starts, packed: QuantizedBuffers, arrays=HOST
+) -> None:
     """recv = this rank's block of the sum over ranks of staging (W*n,), through int8 or
-    int4 (wire.bits): every rank quantizes its W destination blocks into wire.send (W, P)
-    uint8, an Alltoall moves them into wire.got (W, P) (row r: rank r's block for me), and
+    int4 (packed.bits): every rank quantizes its W destination blocks into packed.send (W, P)
+    uint8, an Alltoall moves them into packed.got (W, P) (row r: rank r's block for me), and
     each row is dequantized and added in rank order. Deterministic in both modes (the
     order is the rank order)."""
-    quantize_staging(staging, starts, wire.send, arrays, wire.bits)
-    mpi.Alltoall(wire.send, wire.got)
-    dequantize_sum(wire.got, starts, recv, arrays, wire.bits)
+    quantize_staging(staging, starts, packed.send, arrays, packed.bits)
+    mpi.Alltoall(packed.send, packed.got)
+    dequantize_sum(packed.got, starts, recv, arrays, packed.bits)
 
 
 def isum_quantized(
-    mpi: MPI.Comm, staging, recv, starts, wire: QuantizedWire, arrays=HOST
+    mpi: MPI.Comm, staging, recv, starts, packed: QuantizedBuffers, arrays=HOST
 ) -> Issued:
     """sum_quantized, issued: quantized and the Alltoall issued now, dequantized and summed
     when it completes."""
-    quantize_staging(staging, starts, wire.send, arrays, wire.bits)
-    request = mpi.Ialltoall(wire.send, wire.got)
-    finish = lambda: dequantize_sum(wire.got, starts, recv, arrays, wire.bits)  # noqa: E731
-    return request, finish, (wire.send, wire.got)
+    quantize_staging(staging, starts, packed.send, arrays, packed.bits)
+    request = mpi.Ialltoall(packed.send, packed.got)
+    finish = lambda: dequantize_sum(packed.got, starts, recv, arrays, packed.bits)  # noqa: E731
+    return request, finish, (packed.send, packed.got)
 
 
 LOCAL_HOP, CROSS_HOP = "_local", "_cross"  # the ledger's suffixes of qgZ's two hops
@@ -200,61 +202,63 @@ def first_hop_order(groups: int, local: int) -> np.ndarray:
     return np.arange(groups * local).reshape(groups, local).T.reshape(-1)
 
 
-def first_hop(local: MPI.Comm, groups: int, staging, starts, wire: QuantizedWire,
+def first_hop(local: MPI.Comm, groups: int, staging, starts, packed: QuantizedBuffers,
               arrays=HOST) -> None:  # fmt: skip
     """qgZ's first hop inside a group of L ranks (of H groups): every destination row of
-    staging (W*n,) quantized in first_hop_order into wire.send, an Alltoall over `local`
-    into wire.got (row l H + h: local rank l's block for group h's rank at my place)."""
-    _quantize_first_hop(local.Get_size(), groups, staging, starts, wire, arrays)
-    local.Alltoall(wire.send, wire.got)
+    staging (W*n,) quantized in first_hop_order into packed.send, an Alltoall over `local`
+    into packed.got (row l H + h: local rank l's block for group h's rank at my place)."""
+    _quantize_first_hop(local.Get_size(), groups, staging, starts, packed, arrays)
+    local.Alltoall(packed.send, packed.got)
 
 
-def ifirst_hop(local: MPI.Comm, groups: int, staging, starts, wire: QuantizedWire,
+def ifirst_hop(local: MPI.Comm, groups: int, staging, starts, packed: QuantizedBuffers,
                arrays=HOST) -> MPI.Request:  # fmt: skip
     """first_hop, issued: quantized now, its Alltoall's request returned."""
-    _quantize_first_hop(local.Get_size(), groups, staging, starts, wire, arrays)
-    return local.Ialltoall(wire.send, wire.got)
+    _quantize_first_hop(local.Get_size(), groups, staging, starts, packed, arrays)
+    return local.Ialltoall(packed.send, packed.got)
 
 
-def _quantize_first_hop(local: int, groups: int, staging, starts, wire, arrays) -> None:
-    """wire.send <- staging's W destination rows quantized, in first_hop_order."""
+def _quantize_first_hop(local: int, groups: int, staging, starts, packed, arrays) -> None:
+    """packed.send <- staging's W destination rows quantized, in first_hop_order."""
     order = first_hop_order(groups, local)
-    quantize_staging(staging, starts, wire.send, arrays, wire.bits, order)
+    quantize_staging(staging, starts, packed.send, arrays, packed.bits, order)
 
 
-def second_hop(cross: MPI.Comm, recv, starts, wire: QuantizedWire, arrays=HOST) -> None:
+def second_hop(cross: MPI.Comm, recv, starts, packed: QuantizedBuffers, arrays=HOST) -> None:
     """qgZ's second hop across the H groups, after first_hop: for each group h the L rows
     received for its rank at my place, dequantized and added in local rank order in
     float32 (a partial sum, not rounded), requantized into send row h; an Alltoall over
     `cross` (this rank's place in every group, in group order) into got's first H rows;
     recv <- those partials dequantized, added in group order, rounded once."""
     groups = cross.Get_size()
-    _requantize_partials(groups, starts, recv.size, wire, arrays)
-    cross.Alltoall(wire.send[:groups], wire.got[:groups])
-    finish_second_hop(groups, starts, recv, wire, arrays)
+    _requantize_partials(groups, starts, recv.size, packed, arrays)
+    cross.Alltoall(packed.send[:groups], packed.got[:groups])
+    finish_second_hop(groups, starts, recv, packed, arrays)
 
 
-def isecond_hop(cross: MPI.Comm, starts, n: int, wire: QuantizedWire, arrays=HOST) -> MPI.Request:
+def isecond_hop(
+    cross: MPI.Comm, starts, n: int, packed: QuantizedBuffers, arrays=HOST
+) -> MPI.Request:
     """second_hop, issued once the first hop's bytes are in: the partials of rows of n
     requantized now, the Alltoall's request returned (finish_second_hop completes it)."""
     groups = cross.Get_size()
-    _requantize_partials(groups, starts, n, wire, arrays)
-    return cross.Ialltoall(wire.send[:groups], wire.got[:groups])
+    _requantize_partials(groups, starts, n, packed, arrays)
+    return cross.Ialltoall(packed.send[:groups], packed.got[:groups])
 
 
-def finish_second_hop(groups: int, starts, recv, wire: QuantizedWire, arrays=HOST) -> None:
+def finish_second_hop(groups: int, starts, recv, packed: QuantizedBuffers, arrays=HOST) -> None:
     """recv <- the H received partials (got's first H rows) dequantized, added in group
     order in float32, rounded once."""
-    dequantize_sum(wire.got[:groups], starts, recv, arrays, wire.bits)
+    dequantize_sum(packed.got[:groups], starts, recv, arrays, packed.bits)
 
 
-def _requantize_partials(groups: int, starts, n: int, wire: QuantizedWire, arrays) -> None:
+def _requantize_partials(groups: int, starts, n: int, packed: QuantizedBuffers, arrays) -> None:
     """send's first H rows <- for each group h, the L rows got holds for its rank at my
     place dequantized, added in local rank order in float32 and quantized again (hop 1's
     bytes are all read before any is overwritten)."""
-    by_source = wire.got.reshape(wire.got.shape[0] // groups, groups, -1)  # (L, H, P)
+    by_source = packed.got.reshape(packed.got.shape[0] // groups, groups, -1)  # (L, H, P)
     partials = arrays.temporary(groups * n, np.float32).reshape(groups, n)
     scratch = arrays.temporary(n, np.float32)
     for h in range(groups):
-        unpack_sum(by_source[:, h], starts, partials[h], scratch, wire.bits)
-    pack_rows(partials, starts, wire.send[:groups], wire.bits)
+        unpack_sum(by_source[:, h], starts, partials[h], scratch, packed.bits)
+    pack_rows(partials, starts, packed.send[:groups], packed.bits)

@@ -66,8 +66,8 @@ class EngineBase(SharedStep, StateIO):
         self.hooks = hooks or EngineHooks()  # named points for tools (engine/hooks.py)
         self.world, self.rank = comm.size, comm.rank
         # hybrid sharding: the stages shard over a group of the world (engine/hybrid.py)
-        self.replicas = replicas_for(cfg, comm)
-        self.shard_comm = self.replicas.shard
+        self.hybrid = replicas_for(cfg, comm)
+        self.shard_comm = self.hybrid.shard
         self.shard_world, self.shard_rank = self.shard_comm.size, self.shard_comm.rank
         self.layout: FlatLayout = model_layout(model, self.shard_world, layout_align(cfg))
         self.memory = MemoryLedger()
@@ -154,7 +154,7 @@ class EngineBase(SharedStep, StateIO):
         and remove the swap files (a clean end of the run)."""
         self.settle()
         self.schedule.close()
-        self.replicas.close()
+        self.hybrid.close()
         self.optimizer_store.close()
         self.swap.close()
 
@@ -190,8 +190,8 @@ class EngineBase(SharedStep, StateIO):
     def hybrid_sent_bytes(self) -> int:
         """Bytes this rank sends per step in hybrid sharding's all-reduce across the shard
         groups (ledger kind allreduce_hybrid; 0 without hybrid sharding)."""
-        numels = [grad.size for _, grad, _, _, _ in self.owned_slices()]
-        return replica_sent_bytes(numels, self.replicas.replicas, self.precision.bytes.grad)
+        numels = [o.grad.size for o in self.owned_slices()]
+        return replica_sent_bytes(numels, self.hybrid.replicas, self.precision.bytes.grad)
 
     def memory_report(self) -> dict:
         """The memory ledger as plain data: bytes by category in RAM, on disk, on the

@@ -22,7 +22,7 @@ Two schedules, chosen once from the config (`schedule_for`):
                        progress policy (zero_ref/comm/progress.py) drive MPI.
 
 Either way a result is the same: the same sums in the same order, whenever the
-bytes move. (Not comm/schedule.py, which checks that all ranks enter the same
+bytes move. (Not comm/signatures.py, which checks that all ranks enter the same
 collective.)
 """
 
@@ -56,9 +56,9 @@ class BlockingSchedule:
     def __init__(self, comm: Comm) -> None:
         self.comm = comm
 
-    def allreduce_chunk(self, wire, grads: np.ndarray) -> Pending:
-        """Stage 0: grads <- the sum over ranks (through the precision's wire)."""
-        wire.allreduce(self.comm, grads)
+    def allreduce_chunk(self, staging, grads: np.ndarray) -> Pending:
+        """Stage 0: grads <- the sum over ranks (through the precision's AllreduceStaging)."""
+        staging.allreduce(self.comm, grads)
         return Pending("allreduce")
 
     def reduce_bucket(self, staging: np.ndarray, out: np.ndarray, lane: int = 0) -> Pending:
@@ -66,17 +66,17 @@ class BlockingSchedule:
         self.comm.reduce_scatter_sum(staging, out)
         return Pending("reduce_scatter")
 
-    def reduce_bucket_quantized(self, staging, out, starts, wire, lane: int = 0) -> Pending:
+    def reduce_bucket_quantized(self, staging, out, starts, packed, lane: int = 0) -> Pending:
         """Stages 1-3 with qgZ: reduce_bucket through int8 or int4 blocks (the Comm's
-        quantized one; wire: its QuantizedWire)."""
-        self.comm.reduce_scatter_quantized(staging, out, starts, wire)
-        return Pending(f"reduce_scatter_int{wire.bits}")
+        quantized one; packed: its QuantizedBuffers)."""
+        self.comm.reduce_scatter_quantized(staging, out, starts, packed)
+        return Pending(f"reduce_scatter_int{packed.bits}")
 
-    def reduce_bucket_two_hops(self, staging, out, starts, wire, hops, lane: int = 0) -> Pending:
+    def reduce_bucket_two_hops(self, staging, out, starts, packed, hops, lane: int = 0) -> Pending:
         """Stages 1-3 with qgZ in two hops (hops: zero_ref/comm/groups.py QgzHops): inside
         the group, then across the groups."""
-        self.comm.reduce_scatter_quantized_two_hops(staging, out, starts, wire, hops)
-        return Pending(f"reduce_scatter_int{wire.bits} in two hops")
+        self.comm.reduce_scatter_quantized_two_hops(staging, out, starts, packed, hops)
+        return Pending(f"reduce_scatter_int{packed.bits} in two hops")
 
     def gather_unit(self, shard: np.ndarray, out: np.ndarray, lane: int = 0) -> Pending:
         """Stage 3: out <- a unit's full parameters from every rank's shard of it."""
@@ -129,15 +129,15 @@ class OverlappingSchedule(BlockingSchedule):
     def reduce_bucket(self, staging: np.ndarray, out: np.ndarray, lane: int = 0) -> InFlight:
         return self.comm.ireduce_scatter_sum(staging, out, f"bucket {lane}")
 
-    def reduce_bucket_quantized(self, staging, out, starts, wire, lane: int = 0) -> InFlight:
-        return self.comm.ireduce_scatter_quantized(staging, out, starts, wire, f"bucket {lane}")
+    def reduce_bucket_quantized(self, staging, out, starts, packed, lane: int = 0) -> InFlight:
+        return self.comm.ireduce_scatter_quantized(staging, out, starts, packed, f"bucket {lane}")
 
-    def reduce_bucket_two_hops(self, staging, out, starts, wire, hops, lane: int = 0) -> InFlight:
+    def reduce_bucket_two_hops(self, staging, out, starts, packed, hops, lane: int = 0) -> InFlight:
         """The first hop issued; the second issued at the first unit boundary after the
         first is in (the schedule's poke), or when the bucket is waited for."""
         lane_name = f"bucket {lane}"
         return self.comm.ireduce_scatter_quantized_two_hops(
-            staging, out, starts, wire, hops, lane_name
+            staging, out, starts, packed, hops, lane_name
         )
 
     def gather_unit(self, shard: np.ndarray, out: np.ndarray, lane: int = 0) -> InFlight:

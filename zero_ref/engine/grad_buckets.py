@@ -42,7 +42,7 @@ from collections import deque
 
 import numpy as np
 
-from zero_ref.comm.reduction import QuantizedWire
+from zero_ref.comm.reduction import QuantizedBuffers
 from zero_ref.engine.collective_schedule import BlockingSchedule
 from zero_ref.engine.placement import HostPlacement
 from zero_ref.layout.buckets import Bucket, BucketPlan
@@ -53,7 +53,7 @@ from zero_ref.quantize import segment_payload_bytes
 
 class GradientBuckets:
     """The bucket plan, its staging matrix, and what each unit's gradient completes.
-    Where each bucket's sum lands is the landing's business (`landing`, `landed`): a
+    Where each bucket's sum lands is the landing's business (`target`, `landed`): a
     gradient shard in RAM or on disk (zero_ref/engine/grad_shard.py), or stage 1's
     rows of the full gradient (RowsOfFullGradient)."""
 
@@ -79,7 +79,7 @@ class GradientBuckets:
         self.staging = [place.zeros("buffers", n, self.world * widest, wire_dtype) for n in names]
         self.block = quantize_block  # qgZ's block (None: the plain reduce-scatter)
         self.bits = quantize_bits  # qgZ's: 8 or 4
-        self.wire = self._wire_buffers(place, schedule.lanes) if quantize_block else None
+        self.packed = self._packed_buffers(place, schedule.lanes) if quantize_block else None
         self.hops = hops  # qgZ's two hop groups (None: one hop)
         reduce = self._reduce
         if quantize_block:
@@ -121,7 +121,7 @@ class GradientBuckets:
             self.flow.free(self.lane_of[k])
         return self.lane_of[k]
 
-    def _wire_buffers(self, place: HostPlacement, lanes: int) -> list[tuple]:
+    def _packed_buffers(self, place: HostPlacement, lanes: int) -> list[tuple]:
         """Per lane, qgZ's send and receive bytes: W rows of the widest bucket's payload."""
         row = max(
             (
@@ -144,20 +144,20 @@ class GradientBuckets:
         return self.schedule.reduce_bucket(staging, out, lane)
 
     def _reduce_quantized(self, bucket: Bucket, staging: np.ndarray, out: np.ndarray, lane: int):
-        starts, wire = self._wire(bucket, lane)
-        return self.schedule.reduce_bucket_quantized(staging, out, starts, wire, lane)
+        starts, packed = self._packed(bucket, lane)
+        return self.schedule.reduce_bucket_quantized(staging, out, starts, packed, lane)
 
     def _reduce_two_hops(self, bucket: Bucket, staging: np.ndarray, out: np.ndarray, lane: int):
-        starts, wire = self._wire(bucket, lane)
-        return self.schedule.reduce_bucket_two_hops(staging, out, starts, wire, self.hops, lane)
+        starts, packed = self._packed(bucket, lane)
+        return self.schedule.reduce_bucket_two_hops(staging, out, starts, packed, self.hops, lane)
 
-    def _wire(self, bucket: Bucket, lane: int) -> tuple[np.ndarray, QuantizedWire]:
-        """A bucket's block starts and its QuantizedWire: the first W rows of the lane's
+    def _packed(self, bucket: Bucket, lane: int) -> tuple[np.ndarray, QuantizedBuffers]:
+        """A bucket's block starts and its QuantizedBuffers: the first W rows of the lane's
         byte buffers, each a destination row's payload."""
         starts = self._starts(bucket)
         row = segment_payload_bytes(bucket.shard_numel, len(starts), self.bits)
-        send, got = (b[: self.world * row].reshape(self.world, row) for b in self.wire[lane])
-        return starts, QuantizedWire(send, got, self.bits)
+        send, got = (b[: self.world * row].reshape(self.world, row) for b in self.packed[lane])
+        return starts, QuantizedBuffers(send, got, self.bits)
 
     def _staging(self, bucket: Bucket, lane: int) -> np.ndarray:
         """The (W, columns) staging matrix of `bucket` in `lane` (row r goes to rank r):
@@ -173,7 +173,7 @@ class BlockingFlow:
         self.schedule, self.landing, self.reduce = schedule, landing, reduce
 
     def issue(self, bucket: Bucket, staging: np.ndarray, micro: int, lane: int) -> None:
-        out = self.landing.landing(bucket, micro)
+        out = self.landing.target(bucket, micro)
         self.schedule.wait(self.reduce(bucket, staging, out, lane))
         self.landing.landed(bucket, out, micro)
 
@@ -218,7 +218,7 @@ class OverlappedFlow:
     def _retire(self) -> None:
         lane, bucket, pending, micro = self.queue.popleft()
         self.schedule.wait(pending)
-        out = self.landing.landing(bucket, micro)
+        out = self.landing.target(bucket, micro)
         self.place.round_into(out, self.recv[lane][: bucket.shard_numel])  # same dtype: a copy
         self.landing.landed(bucket, out, micro)
 
@@ -241,7 +241,7 @@ class RowsOfFullGradient:
         self.dtype = full_grads.dtype
         self.reduce_out = place.zeros("buffers", "reduce_out", widest, full_grads.dtype)
 
-    def landing(self, bucket: Bucket, micro: int) -> np.ndarray:
+    def target(self, bucket: Bucket, micro: int) -> np.ndarray:
         return self.reduce_out[: bucket.shard_numel]
 
     def landed(self, bucket: Bucket, out: np.ndarray, micro: int) -> None:

@@ -9,7 +9,7 @@ file as the bucket completes, and the offloaded optimizer step
 master weights, m and v. `GradShardInRam` is the paper's plain array.
 
 Both are the landing of the bucket reduce-scatters (zero_ref/engine/grad_buckets.py
-asks `landing(bucket, micro)` where a bucket's sum goes and tells `landed` when
+asks `target(bucket, micro)` where a bucket's sum goes and tells `landed` when
 it is there) and the source of the update phase's norm and NaN/Inf search. One
 is chosen once from the config (`grad_shard_for`); a stage calls it without
 asking which one it got.
@@ -51,7 +51,7 @@ class GradShardInRam:
         """What the buckets' sums are stored as (the gradient's dtype)."""
         return self.array.dtype
 
-    def landing(self, bucket: Bucket, micro: int) -> np.ndarray:
+    def target(self, bucket: Bucket, micro: int) -> np.ndarray:
         """Where the reduce-scatter of `bucket` writes its sum."""
         lo, hi = _span(bucket)
         return self.array[lo:hi] if micro == 0 else self.reduce_out[: hi - lo]
@@ -88,7 +88,7 @@ class GradShardOnDisk(GradShardInRam):
     in the plan's fixed order) rather than per 2^18-element chunk, which moves the
     norm by float64 rounding (docs/
     determinism.md: fast mode's norm depends on how the buffer is cut). A gradient
-    written some other way (through the mapping, as scripts/bench_offload.py fills
+    written some other way (through the mapping, as scripts/bench/bench_offload.py fills
     it) has no partials: the norm then reads the file once through the mapping."""
 
     pool_rows = 1  # the pipeline reads the gradient into a row of each buffer set
@@ -118,7 +118,7 @@ class GradShardOnDisk(GradShardInRam):
         self.from_file = False  # the last norm read the file: so does the NaN search
 
     # ---- landing the buckets
-    def landing(self, bucket: Bucket, micro: int) -> np.ndarray:
+    def target(self, bucket: Bucket, micro: int) -> np.ndarray:
         lo, hi = _span(bucket)
         if not self.open:  # the top bucket of a micro-step
             if micro == 0:

@@ -122,12 +122,12 @@ class Precision:
             rounded = place.round_into(place.temporary(flat.size, self.grad), flat)
             place.widen_into(flat, rounded)
 
-    def wire_for(self, place, numel: int) -> Wire:
+    def allreduce_staging(self, place, numel: int) -> AllreduceStaging:
         """Stage 0's all-reduce: in place when the wire's dtype is the gradients', else
         through a staging chunk of `numel` elements in the wire's dtype."""
         if self.comm == self.grad:
-            return Wire(None, place)
-        return Wire(place.zeros("buffers", "wire_chunk", numel, self.comm), place)
+            return AllreduceStaging(None, place)
+        return AllreduceStaging(place.zeros("buffers", "wire_chunk", numel, self.comm), place)
 
     # ---- fp16's loss scaling (zero_ref/optim/loss_scale.py)
     def initial_scaler(self, loss_scale_cfg) -> LossScaleState | None:
@@ -150,7 +150,7 @@ class Precision:
         return None if scaler is None else next_state(loss_scale_cfg, scaler, overflow=overflow)
 
 
-class Wire:
+class AllreduceStaging:
     """What crosses the wire in stage 0's all-reduce: the gradients themselves, or
     (another dtype) a staging chunk each piece is rounded into first."""
 
@@ -162,5 +162,5 @@ class Wire:
         if self.chunk is None:
             comm.allreduce_sum(grads)
             return
-        wire = self.place.round_into(self.chunk[: grads.size], grads)
-        comm.allreduce_sum_into(wire, grads)
+        rounded = self.place.round_into(self.chunk[: grads.size], grads)
+        comm.allreduce_sum_into(rounded, grads)

@@ -49,7 +49,9 @@ class Stage0DataParallel(EngineBase):
         if self.cfg.grad_accum > 1:
             self.grad_acc = self.place.zeros("grads", "full_grad_acc", n, dtype)
         self._init_grad_scratch()
-        self.wire = self.precision.wire_for(self.place, min(self._allreduce_chunk(), n))
+        self.allreduce_staging = self.precision.allreduce_staging(
+            self.place, min(self._allreduce_chunk(), n)
+        )
 
     def _optimizer_numel(self) -> int:
         return self.layout.full_numel
@@ -78,11 +80,11 @@ class Stage0DataParallel(EngineBase):
         return bucket_columns(self.cfg.bucket_numel, self.world) * self.world
 
     def on_backward_done(self, micro: int) -> None:
-        """All-reduce the gradients in chunks; a wire of another dtype is staged."""
+        """All-reduce the gradients in chunks; staged when the wire's dtype is another."""
         chunk = self._allreduce_chunk()
         for start in range(0, self.layout.full_numel, chunk):
             grads = self.full_grads[start : start + chunk]
-            self.schedule.wait(self.schedule.allreduce_chunk(self.wire, grads))
+            self.schedule.wait(self.schedule.allreduce_chunk(self.allreduce_staging, grads))
         if self.grad_acc is not self.full_grads:
             self._accumulate(self.grad_acc, self.full_grads, first=micro == 0)
 
@@ -97,7 +99,7 @@ class Stage0DataParallel(EngineBase):
     def owned_slices(self) -> list[Owned]:
         """(param, grad, master, exp_avg, exp_avg_sq) 1-D views this rank updates; master
         is param itself when parameters are float32."""
-        return [(self.full_params, self.grad_acc, self.master, self.exp_avg, self.exp_avg_sq)]
+        return [Owned(self.full_params, self.grad_acc, self.master, self.exp_avg, self.exp_avg_sq)]
 
     def _kept_whole(self) -> tuple[np.ndarray, ...]:
         return (self.master, self.exp_avg, self.exp_avg_sq)

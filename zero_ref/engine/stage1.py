@@ -136,7 +136,7 @@ class Stage1OptimizerSharded(Stage0DataParallel):
             param = rank_rows(self.full_params[unit.full_slice()], unit)[self.shard_rank]
             master = self.precision.owned_master(param, self.master, s)
             grad = self._owned_grad(unit)
-            owned.append((param, grad, master, self.exp_avg[s], self.exp_avg_sq[s]))
+            owned.append(Owned(param, grad, master, self.exp_avg[s], self.exp_avg_sq[s]))
         return owned
 
     def _owned_grad(self, unit: UnitLayout) -> np.ndarray:

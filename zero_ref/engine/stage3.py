@@ -110,7 +110,7 @@ class Stage3ParamsSharded(Stage2GradientsSharded):
         if self.layout.shard_numel == 0:
             return []
         p, m = self.shard_params, self.master
-        return [(p, self.shard_grads, m, self.exp_avg, self.exp_avg_sq)]
+        return [Owned(p, self.shard_grads, m, self.exp_avg, self.exp_avg_sq)]
 
     def after_update(self) -> None:
         """No all-gather: the next forward gathers each unit when it needs it. The

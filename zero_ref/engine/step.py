@@ -141,8 +141,8 @@ class SharedStep:
         self.comm.set_context(where="optimizer step")
         owned = self.compute.owned_for_update(self.owned_slices())
         divisor = self._grad_divisor()
-        grads = [g for _, g, _, _, _ in owned]
-        self.replicas.allreduce(grads)  # hybrid sharding: summed across the shard groups
+        grads = [o.grad for o in owned]
+        self.hybrid.allreduce(grads)  # hybrid sharding: summed across the shard groups
         norm = self._grad_norm(grads, divisor)
         skip = not math.isfinite(norm) and self._skip_nonfinite(grads)
         self.scaler = self.precision.next_scaler(self.cfg.loss_scale, self.scaler, skip)

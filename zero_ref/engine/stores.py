@@ -4,11 +4,13 @@ The ZeRO stages (Sec. 5) say how much of each model state a rank holds; these
 stores say where it is held. The optimizer-state store holds the float32 master
 weights, m and v and runs the update over them:
 
-  OptimizerInPlace  the model's own placement (RAM, or device memory): chunks of
-                    OPTIMIZER_CHUNK elements, the paper's plain step.
-  OptimizerOnHost   ZeRO-Offload (--offload-optimizer cpu): in host memory whatever
-                    the device; the compute policy moves the gradients down and the
-                    parameters up (zero_ref/gpu/cpu_offload.py).
+  OptimizerInPlace  arrays made by one placement, the update in chunks of
+                    OPTIMIZER_CHUNK elements (the paper's plain step): the model's
+                    own placement (RAM, or device memory), or, for ZeRO-Offload
+                    (--offload-optimizer cpu), the host's whatever the device; then
+                    the compute policy moves the gradients down and the parameters
+                    up (zero_ref/gpu/cpu_offload.py). There is no class of its own
+                    for host memory: only the placement differs.
   OptimizerOnNvme   ZeRO-Infinity's NVMe tier: in swap files, the update streamed
                     through a pool of buffers (zero_ref/offload/pipeline.py).
 

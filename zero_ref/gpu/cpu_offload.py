@@ -21,6 +21,7 @@ from contextlib import AbstractContextManager
 from typing import Protocol
 
 from zero_ref.gpu.copies import copy_in, copy_out, host_dtype
+from zero_ref.layout.flat import Owned
 
 # kind, nbytes -> a context that times the copy inside it and records it (CommLedger.timed_copy)
 TimedCopy = Callable[[str, int], AbstractContextManager[None]]
@@ -50,13 +51,13 @@ class CpuOffloadCompute:
         self.host: dict[int, tuple] = {}  # slice index -> (host param, host grad), reused
         self.pending: list[tuple] = []  # (device param, host param) to move up after update
 
-    def owned_for_update(self, owned: list) -> list:
+    def owned_for_update(self, owned: list[Owned]) -> list[Owned]:
         """Each slice's gradient copied down; the update writes host parameter copies."""
         on_host, self.pending = [], []
         for i, (param, grad, master, exp_avg, exp_avg_sq) in enumerate(owned):
             host_param, host_grad = self._host_copies(i, param, grad)
             self._copy("offload_grads_to_host", lambda g=grad, h=host_grad: copy_out(g, h), grad)
-            on_host.append((host_param, host_grad, master, exp_avg, exp_avg_sq))
+            on_host.append(Owned(host_param, host_grad, master, exp_avg, exp_avg_sq))
             self.pending.append((param, host_param))
         return on_host
 

@@ -19,7 +19,7 @@ every step the bytes the memory ledger holds by category (a counter). Every I/O
 event carries the bytes it moved (or, for readahead, asked for) in its args.
 Rank 0 writes all ranks' events to one JSON file that https://ui.perfetto.dev
 and chrome://tracing open (one process per rank, one thread per lane);
-scripts/plot_trace.py draws a step of it as a picture (docs/stages.md).
+scripts/docs/plot_trace.py draws a step of it as a picture (docs/stages.md).
 
 Events are complete events ("ph": "X") with microsecond times from one
 perf_counter origin per rank; ranks' clocks are not synchronised beyond

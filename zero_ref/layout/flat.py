@@ -8,7 +8,7 @@ straight through tensors). With an `align` of a block size (ZeRO++'s qwZ, zero_r
 quantize.py) each unit is padded to a multiple of world_size * align instead, so every
 rank's slice is a whole number of blocks and block b is the unit's elements
 [b*align, (b+1)*align) at every world size. Equal slices let the engine use Reduce_scatter_block
-and Allgather instead of their uneven v-variants; scripts/bench_layout.py
+and Allgather instead of their uneven v-variants; scripts/bench/bench_layout.py
 measures why (docs/architecture.md quotes it).
 
 A rank's *shard buffer* is its slice of unit 0, then its slice of unit 1, ...
@@ -19,12 +19,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 Shape = tuple[int, ...]
-# (param, grad, master, exp_avg, exp_avg_sq): 1-D views of what one rank updates
-Owned = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+class Owned(NamedTuple):
+    """1-D views of what one rank updates (its P_os slice, Sec. 5.1): the parameter,
+    its reduced gradient, the float32 master (the parameter itself in fp32) and AdamW's
+    two moments. A NamedTuple, so a reader sees `owned.grad`, not `owned[1]`."""
+
+    param: np.ndarray
+    grad: np.ndarray
+    master: np.ndarray
+    exp_avg: np.ndarray
+    exp_avg_sq: np.ndarray
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ The model is the unit list [Embeddings, (AttentionBranch, MLPBranch) * n_layer,
 Head]; each unit is one ZeRO-3 gather unit, so stage 3 holds at most one
 branch's full parameters at a time (the MLP's 8C^2, two thirds of a block).
 The math lives in `transformer.py` and `layers.py`; this file only names the
-parameters, wires the residual stream and caches what backward needs.
+parameters, connects the residual stream and caches what backward needs.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ its mmap threshold to that size (the "dynamic threshold", `mallopt(3)`), and fro
 requests below it come from the heap, where a freed block stays resident while anything
 allocated later sits above it. That retention grows with the largest activation, which
 grows with the model, and shows up as RSS the ledger never allocated: about 1.8 MB per
-rank of the 9 MB a 4 -> 16 layer GPT added at d_model 768 (scripts/bench_offload_slope.py,
+rank of the 9 MB a 4 -> 16 layer GPT added at d_model 768 (scripts/bench/bench_offload_slope.py,
 85M parameters added: 0.106 bytes per added parameter per rank without this, 0.085 with it).
 
 Setting M_MMAP_THRESHOLD explicitly, to glibc's own initial 128 KiB, turns the dynamic

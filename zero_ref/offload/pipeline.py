@@ -85,7 +85,7 @@ class OffloadedUpdate:
 
     def run(self, owned: Sequence[Owned], update: ChunkUpdate) -> None:
         """update(param, grad, master, m, v) on every sub-group, master/m/v in RAM."""
-        groups = plan_sub_groups([o[1].size for o in owned], self.sub_group)
+        groups = plan_sub_groups([o.grad.size for o in owned], self.sub_group)
         swapped = [self._swapped(o) for o in owned]
         reads: dict[int, Future] = {}
         writes: dict[int, Future] = {}
@@ -114,10 +114,9 @@ class OffloadedUpdate:
     def _swapped(self, o: Owned) -> list[tuple[SwapFile, int] | None]:
         """For master, m, v of one owned slice, its parameters when they are not the
         master (16-bit), and its gradient: (swap file, offset), or None if in RAM."""
-        param, grad, master = o[0], o[1], o[2]
-        state = [self.store.locate(a) for a in o[2:]]
-        params = None if param is master else self.store.locate(param)
-        return [*state, params, self.store.locate(grad)]
+        state = [self.store.locate(a) for a in (o.master, o.exp_avg, o.exp_avg_sq)]
+        params = None if o.param is o.master else self.store.locate(o.param)
+        return [*state, params, self.store.locate(o.grad)]
 
     def _buffers(self, group: SubGroup, swapped, k: int) -> np.ndarray:
         """Buffer set k's three state rows for `group`, each starting at the same offset

@@ -12,7 +12,7 @@ Ranges go around the page cache (O_DIRECT) wherever the buffer and the file
 offset agree modulo ALIGN (the pool's buffers are aligned, so the step's
 sub-groups do, but for a ragged head or tail): the bytes go straight between
 the buffer and the disk, nothing is left to write back, and the disk can read
-one sub-group while it writes another. Measured by scripts/bench_offload.py
+one sub-group while it writes another. Measured by scripts/bench/bench_offload.py
 (docs/offload.md): the step took 0.67 s through the page cache (write, then
 fdatasync and drop every range) and 0.32 s with O_DIRECT. A filesystem without
 O_DIRECT (tmpfs) gets the page-cache path for everything.

@@ -11,7 +11,7 @@ agree bit for bit (tests/test_adamw.py checks every element).
 
 It is not torch's rounding: torch's CPU kernels fuse lerp_ and addcmul_ into
 FMAs and compute addcdiv_ as p + (-step_size m) / denom, so results differ in
-the last bits and the differences grow over steps. scripts/compare_torch_adamw.py
+the last bits and the differences grow over steps. scripts/bench/compare_torch_adamw.py
 measures by how much (docs/oracle.md has the figures).
 """
 

@@ -1,0 +1,130 @@
+"""The renderers of scripts/docs/doc_tables.py for docs/stages.md's overlap section: the
+buffers --overlap-comm adds (scripts/bench/overlap_memory.py) and the two-host benchmark
+(scripts/bench/bench_overlap.py, its table from overlap_report.py); the shared formatting is
+in doc_tables_render.py."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from doc_tables_render import Result, measured_by, table
+
+# the benchmark's own table (scripts/bench/overlap_report.py), from any working directory
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from overlap_report import markdown  # noqa: E402
+
+DEEP = "overlap, prefetch 4 widest units"
+
+
+def overlap_memory(res: Result) -> str:
+    """Per stage: the buffers blocking, with --overlap-comm, what that adds (bytes and
+    per parameter), and at stage 3 with the deeper prefetch."""
+    rows = []
+    for r in res.data["rows"]:
+        added = r["overlap"] - r["blocking"]
+        deep = r.get(DEEP)
+        rows.append(
+            [
+                str(r["stage"]),
+                f"{r['blocking']:,} B",
+                f"{r['overlap']:,} B",
+                f"{added:,} B",
+                f"{added / r['params']:.2f} B",
+                "-" if deep is None else f"{deep:,} B",
+                "-" if deep is None else f"{(deep - r['blocking']) / r['params']:.2f} B",
+            ]
+        )
+    header = [
+        "stage",
+        "buffers, blocking",
+        "with `--overlap-comm`",
+        "added",
+        "added per parameter",
+        "`--prefetch-numel` of 4 widest units",
+        "added per parameter",
+    ]
+    world = res.data["world"]
+    return f"{measured_by(res)} {world} ranks.\n\n{table(header, rows)}"
+
+
+def overlap_bench(*results: Result) -> str:
+    """scripts/bench/bench_overlap.py's rows (ms per step, blocking and overlapped), and which
+    of issue 23's targets held, per recorded result."""
+    parts = [measured_by(*results)]
+    for res in results:
+        parts.append(markdown(res.data["rows"]))
+        checks = [
+            f"- {c['target']}: {c['value']:.2f}, {'holds' if c['holds'] else 'fails'}"
+            for c in res.data["targets"]
+        ]
+        if checks:
+            parts.append("\n".join(checks))
+    return "\n\n".join(parts)
+
+
+def overlap_probes(res: Result) -> str:
+    """The link bytes (the busier direction) and time of one call of each kind, per rank
+    placement, at each limited rate (scripts/bench/link_probe.py's probes in the result)."""
+    rows = []
+    for link in res.data["links"]:
+        if link["rate_mbit"] is None:
+            continue
+        for placement, probe in link["probes"].items():
+            cells = [f"{link['rate_mbit']:g} Mbit/s", placement]
+            for kind in ("allreduce", "allgather", "reduce_scatter"):
+                k = probe["kinds"][kind]
+                nbytes = max(k["link_rx_bytes"], k["link_tx_bytes"])
+                cells.append(f"{nbytes / 1e6:.3f} MB, {1e3 * k['seconds']:.1f} ms")
+            rows.append(cells)
+    numel = res.data["links"][0]["probes"]["block"]["numel"]
+    header = ["link", "ranks", "all-reduce", "all-gather", "reduce-scatter"]
+    return f"{measured_by(res)} One call of {numel:,} float32 values each.\n\n{table(header, rows)}"
+
+
+def overlap_budget(res: Result) -> str:
+    """scripts/bench/overlap_budget.py's rows: an overlapped step shared out into phases (ms),
+    beside max(compute, communication), the dependency bound and the 1.15x target."""
+    rows = []
+    for r in res.data["rows"]:
+        p, t = r["phases"], r["kind_link_s"]
+        waits = ", ".join(f"{k} {v * 1e3:.0f}" for k, v in p["waits"].items() if v >= 5e-4)
+        rows.append(
+            [
+                str(r["stage"]),
+                f"{r['rate_mbit']:g} Mbit/s",
+                f"{p['step'] * 1e3:.1f}",
+                f"{r['compute_phases']['step'] * 1e3:.1f}",
+                f"{r['comm_s'] * 1e3:.1f}",
+                f"{t.get('allgather', 0) * 1e3:.0f} / {t.get('reduce_scatter', 0) * 1e3:.0f}",
+                f"{r['dependency_bound_s'] * 1e3:.1f}",
+                f"{r['target_s'] * 1e3:.1f}",
+                f"{p['forward'] * 1e3:.0f} / {p['backward'] * 1e3:.0f} / "
+                f"{p['optimizer'] * 1e3:.0f}",
+                f"{p['wait'] * 1e3:.0f}" + (f" ({waits})" if waits else ""),
+                f"{(p['blocking'] + p['other']) * 1e3:.0f}",
+                f"{r['compute_inflation_s'] * 1e3:+.0f}",
+                f"{r['bound_over_max']:.2f}",
+                f"{r['overlapped_over_max']:.2f}",
+            ]
+        )
+    header = [
+        "stage",
+        "link",
+        "overlapped",
+        "compute",
+        "comm (bytes)",
+        "link: gathers / reductions",
+    ]
+    header += ["bound", "1.15 x max", "fwd / bwd / opt", "waits", "rest", "compute inflation"]
+    header += ["bound / max", "overlapped / max"]
+    s = res.data["settings"]
+    setup = (
+        f"ms per step, the median over ranks of steps {s['skip_first'] + 1}-{s['steps']}, "
+        f"`{s['model_flags']}`{' ' + s['extra'] if s['extra'] else ''}, {s['hosts']} hosts x "
+        f"{s['ranks'] // s['hosts']} ranks, ranks in blocks."
+    )
+    return f"{measured_by(res)} {setup}\n\n{table(header, rows)}"
+
+
+RENDERERS = {f.__name__: f for f in (overlap_memory, overlap_bench, overlap_probes, overlap_budget)}
