@@ -223,7 +223,9 @@ def test_stages_md_quotes_what_trace_frames_measures():
     (a change to either engine's call path changes them: rerun the script, update it)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("trace_frames", REPO / "scripts/bench/trace_frames.py")
+    spec = importlib.util.spec_from_file_location(
+        "trace_frames", REPO / "scripts/bench/trace_frames.py"
+    )
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     got = script.measure_both()
