@@ -22,7 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # compare_torch_model
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # compare_torch_model, bench_common
+from bench_common import add_record_flag, emit, load_average  # noqa: E402
+
 WORLD, WARMUP = 2, 2
 MODES = ("unwatched", "check", "folder")
 
@@ -102,6 +104,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--micro", type=int, default=2)
+    add_record_flag(ap, "bench_check_torch")
     args = ap.parse_args()
     if args.steps <= WARMUP or args.micro < 1:
         sys.exit(f"--steps must be > {WARMUP} and --micro >= 1")
@@ -131,7 +134,7 @@ def main() -> None:
         "MB per step",
         flush=True,
     )
-    print(json.dumps(result), flush=True)
+    emit({**result, "load_average": load_average()}, args.record)
 
 
 if __name__ == "__main__":

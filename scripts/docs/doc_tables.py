@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when loaded by path (tests)
+import doc_tables_check  # noqa: E402
 import doc_tables_memory  # noqa: E402
 import doc_tables_overlap  # noqa: E402
 import doc_tables_progress  # noqa: E402
@@ -44,6 +45,7 @@ BEGIN = re.compile(r"<!-- measured: (?P<name>[a-z0-9_]+) from (?P<files>[^>]+?) 
 END = "<!-- /measured -->"
 RENDERERS = {
     **render.RENDERERS,
+    **doc_tables_check.RENDERERS,
     **doc_tables_memory.RENDERERS,
     **doc_tables_overlap.RENDERERS,
     **doc_tables_progress.RENDERERS,
