@@ -52,9 +52,9 @@ def run(device: str, flags: list[str], steps: int, comm, after_steps=None) -> tu
 
 def device_used_bytes() -> int:
     """cudaMemGetInfo's used bytes: the whole device's, every process's."""
-    import cupy
+    from zero_ref.gpu.device import cupy  # import_module: the wheel is cupy-cuda12x/13x
 
-    free, total = cupy.cuda.runtime.memGetInfo()
+    free, total = cupy().cuda.runtime.memGetInfo()
     return int(total - free)
 
 
@@ -65,14 +65,15 @@ def held_on_device(engine) -> dict:
     mine = {"ledger_device_bytes": sum(ledger.values()), "ledger_by_category": ledger}
     if simulated():
         return mine
-    import cupy
     from numba import cuda
+
+    from zero_ref.gpu.device import cupy  # import_module: the wheel is cupy-cuda12x/13x
 
     numba_bytes: dict[str, int] = {}
     for mem in cuda.current_context().memory_manager.allocations.values():
         kind = type(mem).__name__  # device pointers and pinned host buffers alike
         numba_bytes[kind] = numba_bytes.get(kind, 0) + int(mem.size)
-    pool = cupy.get_default_memory_pool()
+    pool = cupy().get_default_memory_pool()
     return mine | {
         "numba_allocations_bytes": numba_bytes,
         "cupy_pool_used_bytes": int(pool.used_bytes()),
