@@ -420,6 +420,17 @@ def test_a_training_run_past_its_limit_is_stopped_with_the_processes_it_started(
     rc, output = bench.run_limited(["bash", "-c", f"sleep 60 & echo $! > {child}; wait"], 1.0)
     assert rc is None and output.endswith("(stopped after 1.0 s)"), output
     assert time.monotonic() - started < 20
-    stat = Path(f"/proc/{child.read_text().strip()}/stat")
-    assert not stat.exists() or stat.read_text().split()[2] == "Z"  # gone, or only a zombie
+    assert not _still_sleeping(child.read_text().strip())
     assert bench.run_limited(["bash", "-c", "echo done"], 10.0) == (0, "done\n")
+
+
+def _still_sleeping(pid: str) -> bool:
+    """Is the process with this pid the test's `sleep 60`, and not a zombie? Gone, a
+    zombie, or a new process that took the pid (a busy machine reuses pids fast) is no."""
+    proc = Path(f"/proc/{pid}")
+    try:
+        state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        command = (proc / "cmdline").read_bytes().split(b"\0")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z" and command[:2] == [b"sleep", b"60"]
