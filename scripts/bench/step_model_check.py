@@ -1,0 +1,211 @@
+"""Calibrate zero_ref/step_model.py on the two namespace hosts and check it against them.
+
+    sudo python scripts/bench/step_model_check.py --record     # measure, fit, check
+    python scripts/bench/step_model_check.py --from-raw RAW.json --record  # fit a measured sweep
+
+The default GPT on 2 hosts x 2 ranks (scripts/bench/step_model_runs.py): on the unlimited
+veth and at 300, 100 and 30 Mbit/s (tbf, burst one frame), ranks in blocks and cyclic,
+stages 0-3 blocking, stages 1-3 overlapped, and stage 3 with ZeRO++ (qwZ + hpZ + qgZ).
+The model's six constants are fitted by least squares on the blocking runs in blocks of
+stage 0, stage 3 and stage 3 with ZeRO++ (FIT_SET, at every rate), where the model is
+linear in them (alpha is not fitted: half the link's measured tiny all-gather over the
+4 ranks, two messages, link_probe.py, on each link):
+
+  compute_s     forward + backward of one rank's micro-batch (split 1:2 for overlap)
+  optimizer_s   AdamW over all parameters (a rank steps 1/W of it at stages 1-3)
+  intra_s_per_byte   a rank's bytes inside its host (shared memory, 2 cores)
+  link_factor   measured step seconds per second of link bytes at the link's measured
+                one-stream TCP rate (1 = the link runs at that rate)
+  quantize_s_per_numel  ZeRO++'s (de)quantization on the CPU
+
+Every other case (stages 1-2, cyclic placement, every overlapped run) is predicted, not
+fitted. Prints the table and one JSON line last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import signal
+import statistics
+from pathlib import Path
+
+import numpy as np
+from bench_common import add_record_flag, emit, load_average
+
+from zero_ref.app.cli import parse_args as train_args
+from zero_ref.app.rank_estimate import model_for
+from zero_ref.app.run_finish import _qgz_blocks
+from zero_ref.layout.flat import layout_align, model_layout
+from zero_ref.step_model import Cluster, Link, Workload, predict
+
+FIT_SET = ("s0", "s3", "s3_zeropp")  # blocking, ranks in blocks, every rate
+CONSTANTS = ("compute_s", "optimizer_s", "intra_s_per_byte", "link_factor")
+CONSTANTS += ("quantize_s_per_numel",)
+GOAL = 0.15
+HOSTS, PER_HOST = 2, 2
+REDUCE_KINDS = ("reduce_scatter", "allreduce", "reduce_scatter_int8_local")
+
+
+def workload_of(case: dict, theta: dict) -> Workload:
+    """The case's model and options, with the fitted constants."""
+    world = HOSTS * PER_HOST
+    parsed = train_args(["--stage", str(case["stage"]), *case["flags"]], world)
+    zero = parsed.zero
+    units = tuple(
+        u.padded_numel
+        for u in model_layout(model_for(parsed, world), world, layout_align(zero)).units
+    )
+    buckets = sum(case["kinds"].get(k, {}).get("calls", 0) for k in REDUCE_KINDS)
+    hpz = zero.hpz_partition_size not in (None, 1)
+    return Workload(
+        stage=case["stage"],
+        unit_numels=units,
+        forward_s=theta["compute_s"] / 3,
+        backward_s=theta["compute_s"] * 2 / 3,
+        optimizer_s=theta["optimizer_s"],
+        overlap="--overlap-comm" in case["flags"],
+        qwz_block=zero.quantize_block if zero.quantized_weights else None,
+        hpz=hpz,
+        qgz_blocks=_qgz_blocks(zero, list(units), world),
+        reduce_buckets=buckets or None,
+        quantize_s_per_numel=theta["quantize_s_per_numel"],
+    )
+
+
+def cluster_of(case: dict, theta: dict) -> Cluster:
+    intra_rate = 1 / theta["intra_s_per_byte"] if theta["intra_s_per_byte"] > 0 else math.inf
+    inter_rate = (
+        case["link_bytes_s"] / theta["link_factor"] if theta["link_factor"] > 0 else math.inf
+    )
+    return Cluster(
+        HOSTS,
+        PER_HOST,
+        Link(case["alpha_s"], intra_rate),
+        Link(case["alpha_s"], inter_rate),
+        case["placement"],
+        "flat",
+    )
+
+
+def scalars_of(case: dict) -> int:
+    return sum(case["kinds"].get(k, {}).get("calls", 0) for k in ("loss", "norm"))
+
+
+def predicted(case: dict, theta: dict):
+    return predict(workload_of(case, theta), cluster_of(case, theta), scalars_of(case))
+
+
+def features(case: dict) -> list[float]:
+    """The blocking step's coefficient of each constant (the model is linear in them
+    without overlap): predict with that constant 1 and the others 0."""
+    row = []
+    for name in CONSTANTS:
+        theta = dict.fromkeys(CONSTANTS, 0.0) | {name: 1.0}
+        row.append(predicted(replace_flags(case), theta).step_s)
+    return row
+
+
+def replace_flags(case: dict) -> dict:
+    return {**case, "flags": [f for f in case["flags"] if f != "--overlap-comm"]}
+
+
+def fit(cases: list[dict]) -> dict:
+    chosen = [c for c in cases if c["config"] in FIT_SET and c["placement"] == "block"]
+    a = np.array([features(c) for c in chosen])
+    y = np.array([c["step_s"] for c in chosen])
+    theta, *_ = np.linalg.lstsq(a, y, rcond=None)
+    return {"constants": dict(zip(CONSTANTS, map(float, theta), strict=True)), "cases": len(chosen)}
+
+
+def check(cases: list[dict], theta: dict) -> list[dict]:
+    rows = []
+    for c in cases:
+        row = {k: c.get(k) for k in ("config", "placement", "rate_mbit", "stage")}
+        if "error" in c:
+            rows.append(row | {"error": c["error"]})
+            continue
+        p = predicted(c, theta)
+        row |= {
+            "fitted": c["config"] in FIT_SET and c["placement"] == "block",
+            "measured_s": c["step_s"],
+            "predicted_s": p.step_s,
+            "compute_s": p.compute_s,
+            "exposed_s": p.exposed_s,
+            "hidden_s": p.hidden_s,
+            "error": p.step_s / c["step_s"] - 1,
+            "link_bytes_measured": max(c["link_rx_bytes"], c["link_tx_bytes"]),
+        }
+        row["within_goal"] = abs(row["error"]) <= GOAL
+        rows.append(row)
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    print("config              placement  Mbit   measured  predicted  error  fitted")
+    for r in rows:
+        rate = r["rate_mbit"] or "inf"
+        if isinstance(r.get("error"), str):
+            print(f"{r['config']:19s} {r['placement']:9s} {rate!s:>5}  did not run")
+            continue
+        print(
+            f"{r['config']:19s} {r['placement']:9s} {rate!s:>5} {r['measured_s'] * 1e3:9.1f} "
+            f"{r['predicted_s'] * 1e3:10.1f} {r['error'] * 100:+6.1f}%  {r['fitted']}"
+        )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--from-raw", help="a sweep step_model_runs.measure wrote: fit it, run nothing")
+    p.add_argument("--rates", default="300,100,30", help="tbf rates besides unlimited, Mbit/s")
+    p.add_argument("--steps", type=int, default=10, help="steps per run (default 10)")
+    p.add_argument("--prefix", default="zrm", help="namespace names")
+    p.add_argument("--subnet", default="10.81.0", help="the link's subnet a.b.c")
+    add_record_flag(p, "step_model_check")
+    a = p.parse_args()
+    if a.from_raw:
+        raw = json.loads(Path(a.from_raw).read_text())
+    else:
+        from bench_overlap import stop
+        from step_model_runs import CONFIGS, measure
+
+        signal.signal(signal.SIGTERM, stop)
+        rates = [None, *(float(x) for x in a.rates.split(","))]
+        progress = Path(f"/tmp/{a.prefix}_step_model_progress.jsonl")
+        links, cases = measure(
+            a.prefix, a.subnet, rates, ["block", "cyclic"], list(CONFIGS), a.steps, 1600, progress
+        )
+        raw = {"links": links, "cases": cases, "steps": a.steps}
+    alpha = {str(x["rate_mbit"]): x["allgather_tiny_s"] / 2 for x in raw["links"]}
+    for c in raw["cases"]:
+        c["alpha_s"] = alpha[str(c["rate_mbit"])]
+    good = [c for c in raw["cases"] if "error" not in c]
+    fitted = fit(good)
+    rows = check(raw["cases"], fitted["constants"])
+    print_table(rows)
+    errors = [abs(r["error"]) for r in rows if isinstance(r.get("error"), float)]
+    summary = {
+        "cases": len(errors),
+        "within_goal": sum(e <= GOAL for e in errors),
+        "median_abs_error": statistics.median(errors),
+        "max_abs_error": max(errors),
+        "did_not_run": sum(isinstance(r.get("error"), str) for r in rows),
+    }
+    print(summary)
+    emit(
+        {
+            "fit": fitted,
+            "goal": GOAL,
+            "summary": summary,
+            "rows": rows,
+            "links": raw["links"],
+            "fit_set": list(FIT_SET),
+            "load_average": load_average(),
+        },
+        a.record,
+    )
+
+
+if __name__ == "__main__":
+    main()
