@@ -122,3 +122,23 @@ def test_forward_backward_split_sums_to_the_ledgers(n, k):
 def test_bad_input_names_the_field(make, field):
     with pytest.raises(ValueError, match=field):
         make()
+
+
+def test_overlap_efficiency_scales_what_compute_can_cover():
+    c = cluster(rate=1e6)
+    full = predict(work(3, overlap=True), c)
+    none = predict(work(3, overlap=True, overlap_efficiency=0.0), c)
+    half = predict(work(3, overlap=True, overlap_efficiency=0.5), c)
+    assert none.step_s == pytest.approx(predict(work(3), c).step_s)
+    assert half.hidden_s == pytest.approx(full.hidden_s / 2)
+
+
+def test_a_prefetch_plans_gathers_move_fewer_backward_bytes():
+    """A plan that keeps a unit gathered across the turn (gathers_per_step) sends fewer
+    backward gathers: the bytes fall by that unit's share."""
+    c = cluster(coll="hierarchical")
+    plain = link_bytes(3, c)
+    held = link_bytes(3, c, gathers=(2, 2, 1, 1))  # units 2 and 3 held over the turn
+    assert plain - held == pytest.approx(4 * 2000 * (2 - 1) / 2)
+    with pytest.raises(ValueError, match="gathers"):
+        work(3, gathers=(1, 1))

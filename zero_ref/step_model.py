@@ -105,6 +105,8 @@ class Workload:
     qgz_blocks: int | GradientWire | None = None
     reduce_buckets: int | None = None  # gradient messages a micro-step (None: one a unit)
     quantize_s_per_numel: float = 0.0  # ZeRO++'s (de)quantization, seconds an element
+    gathers: tuple[int, ...] | None = None  # stage 3 under a prefetch plan (class doc)
+    overlap_efficiency: float = 1.0  # the share of a phase's compute comm can run under
 
     def __post_init__(self) -> None:
         _check("stage", self.stage, "one of 0, 1, 2, 3", self.stage in (0, 1, 2, 3))
@@ -117,6 +119,11 @@ class Workload:
         _check("reduce_buckets", buckets, "None or >= 1", buckets is None or buckets >= 1)
         q = self.quantize_s_per_numel
         _check("quantize_s_per_numel", q, "seconds >= 0", q >= 0)
+        e = self.overlap_efficiency
+        _check("overlap_efficiency", e, "between 0 and 1", 0 <= e <= 1)
+        g = self.gathers
+        ok = g is None or (len(g) == len(self.unit_numels) and min(g) >= 0)
+        _check("gathers", g, "None or a count >= 0 for each unit", ok)
         zpp = self.qwz_block is not None or self.hpz
         _check("stage", self.stage, "3 with qwZ or hpZ (ZeRO++ Sec. 3)", not zpp or self.stage == 3)
         qgz = self.qgz_blocks is not None
@@ -191,6 +198,8 @@ def _stage3_gathers(w: Workload, world: int, per_host: int) -> list[Flight]:
     params_only = ElementBytes(w.sizes.param, 0, 0)
     n = len(w.unit_numels)
     forward, backward = stage3_forward_backward(n, w.grad_accum)
+    if w.gathers is not None:  # a prefetch plan's: backward finds more units held
+        backward = [max(0, g - f) for g, f in zip(w.gathers, forward, strict=True)]
     fwd: list[int] | QuantizedGathers = forward
     if w.qwz_block is not None:
         fwd = QuantizedGathers(full=(0,) * n, quantized=tuple(forward), block=w.qwz_block)
@@ -293,7 +302,7 @@ def predict(w: Workload, c: Cluster, scalars: int = 1) -> StepTime:
         behind[f.hides_behind if w.overlap else ""] += flight_seconds(f, c)
     hidden = 0.0
     for phase, compute in (("forward", w.forward_s), ("backward", w.backward_s)):
-        hidden += min(behind[phase], compute)
+        hidden += min(behind[phase], w.overlap_efficiency * compute)
     exposed = sum(behind.values()) - hidden
     if c.world > 1:
         alpha = c.intra.alpha_s * math.ceil(math.log2(c.ranks_per_host))

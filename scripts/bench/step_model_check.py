@@ -20,9 +20,11 @@ Fitted:
   link_factor   measured step seconds per second of link bytes at the link's measured
                 one-stream TCP rate (1 = the link runs at that rate)
   quantize_s_per_numel  ZeRO++'s (de)quantization on the CPU
+  overlap_efficiency    the share of a phase's compute the collectives behind it run
+                under (0-1, a grid), fitted apart on stage 3 overlapped in blocks (OVERLAP_FIT)
 
-Every other case (stages 1-2, cyclic placement, every overlapped run) is predicted, not
-fitted. Prints the table and one JSON line last.
+Every other case (stages 1-2, cyclic placement, the other overlapped runs) is predicted,
+not fitted. Prints the table and one JSON line last.
 """
 
 from __future__ import annotations
@@ -40,10 +42,13 @@ from bench_common import add_record_flag, emit, load_average
 from zero_ref.app.cli import parse_args as train_args
 from zero_ref.app.rank_estimate import model_for
 from zero_ref.app.run_finish import _qgz_blocks
+from zero_ref.engine.gathered_unit import gathers_per_step
 from zero_ref.layout.flat import layout_align, model_layout
+from zero_ref.memory_formulas import prefetch_plan
 from zero_ref.step_model import Cluster, Link, Workload, host_link_bytes, predict
 
 FIT_SET = ("s0", "s3", "s3_zeropp")  # blocking, ranks in blocks, every rate
+OVERLAP_FIT = "s3_overlap"  # ranks in blocks, every rate: overlap_efficiency
 CONSTANTS = ("compute_s", "link_factor", "quantize_s_per_numel")
 GOAL = 0.15
 HOSTS, PER_HOST = 2, 2
@@ -61,18 +66,27 @@ def workload_of(case: dict, theta: dict) -> Workload:
     )
     buckets = sum(case["kinds"].get(k, {}).get("calls", 0) for k in REDUCE_KINDS)
     hpz = zero.hpz_partition_size not in (None, 1)
+    overlap = "--overlap-comm" in case["flags"]
+    gathers = None
+    if case["stage"] == 3 and not (hpz or zero.quantized_weights):  # the plan's gathers
+        plan = prefetch_plan(
+            units, overlap, zero.prefetch_numel, zero.max_live_numel, zero.persistence_numel
+        )
+        gathers = tuple(gathers_per_step(plan, list(units), zero.grad_accum))
     return Workload(
         stage=case["stage"],
         unit_numels=units,
         forward_s=theta["compute_s"] / 3,
         backward_s=theta["compute_s"] * 2 / 3,
         optimizer_s=0.0,  # inside compute_s (module docstring)
-        overlap="--overlap-comm" in case["flags"],
+        overlap=overlap,
+        gathers=gathers,
         qwz_block=zero.quantize_block if zero.quantized_weights else None,
         hpz=hpz,
         qgz_blocks=_qgz_blocks(zero, list(units), world),
         reduce_buckets=buckets or None,
         quantize_s_per_numel=theta["quantize_s_per_numel"],
+        overlap_efficiency=theta.get("overlap_efficiency", 1.0),
     )
 
 
@@ -132,7 +146,15 @@ def fit(cases: list[dict]) -> dict:
     # link's long step would otherwise outweigh the fast ones
     scale = 1 / np.array([c["step_s"] for c in chosen])
     theta, *_ = np.linalg.lstsq(a * scale[:, None], y * scale, rcond=None)
-    return {"constants": dict(zip(CONSTANTS, map(float, theta), strict=True)), "cases": len(chosen)}
+    constants = dict(zip(CONSTANTS, map(float, theta), strict=True))
+    overlapped = [c for c in cases if c["config"] == OVERLAP_FIT and c["placement"] == "block"]
+
+    def misfit(e: float) -> float:
+        th = constants | {"overlap_efficiency": e}
+        return sum((predicted(c, th).step_s / c["step_s"] - 1) ** 2 for c in overlapped)
+
+    constants["overlap_efficiency"] = min((k / 100 for k in range(101)), key=misfit)
+    return {"constants": constants, "cases": len(chosen) + len(overlapped)}
 
 
 def check(cases: list[dict], theta: dict) -> list[dict]:
@@ -143,8 +165,9 @@ def check(cases: list[dict], theta: dict) -> list[dict]:
             rows.append(row | {"error": c["error"]})
             continue
         p = predicted(c, theta)
+        fitted = c["config"] in (*FIT_SET, OVERLAP_FIT) and c["placement"] == "block"
         row |= {
-            "fitted": c["config"] in FIT_SET and c["placement"] == "block",
+            "fitted": fitted,
             "measured_s": c["step_s"],
             "predicted_s": p.step_s,
             "compute_s": p.compute_s,

@@ -20,13 +20,15 @@ def step_model_fit(res: Result) -> str:
         ["compute_s (forward + backward)", f"{c['compute_s'] * 1e3:.1f} ms"],
         ["link_factor", f"{c['link_factor']:.2f}"],
         ["quantize_s_per_numel", f"{c['quantize_s_per_numel'] * 1e9:.1f} ns"],
+        ["overlap_efficiency", f"{c['overlap_efficiency']:.2f}"],
     ]
     alphas = ", ".join(
         f"{_rate(x['rate_mbit'])} {x['allgather_tiny_s'] / 2 * 1e6:.0f} us" for x in d["links"]
     )
     caption = (
         f"{measured_by(res)} Fitted by least squares on {d['fit']['cases']} runs "
-        f"({', '.join(d['fit_set'])}, blocking, ranks in blocks, every link); alpha measured "
+        f"({', '.join(d['fit_set'])} blocking, then s3_overlap for overlap_efficiency; ranks "
+        "in blocks, every link); alpha measured "
         f"per link (half a tiny all-gather): {alphas}. Check: {s['within_goal']} of "
         f"{s['cases']} cases within {d['goal']:.0%}, median error "
         f"{s['median_abs_error']:.1%}, largest {s['max_abs_error']:.1%}; "
