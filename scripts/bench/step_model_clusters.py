@@ -30,6 +30,7 @@ ASSUMPTIONS = {
     "alpha_inter_s": 10e-6,  # per message across nodes: an assumption
     "reduce_bucket_numel": 500_000_000,  # DeepSpeed's reduce_bucket_size default
     "quantize_block": 2048,
+    "overlap_efficiency": 1.0,  # collectives run under all of compute: an assumption
 }
 # (name, parameters, layers): Llama 2's 7B and 70B (Touvron et al. 2023, Table 1 sizes)
 MODELS = (("7B", 6.74e9, 32), ("70B", 68.98e9, 80))
@@ -53,6 +54,7 @@ def workload(
         optimizer_s=params * a["optimizer_bytes_per_param"] / a["hbm_bytes_s"],
         sizes=BF16,
         overlap=True,
+        overlap_efficiency=a["overlap_efficiency"],
         qwz_block=block if zpp and stage == 3 else None,
         hpz=zpp and stage == 3,
         qgz_blocks=int(params // world // block) if zpp else None,

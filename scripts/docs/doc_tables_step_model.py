@@ -17,7 +17,7 @@ def step_model_fit(res: Result) -> str:
     d = res.data
     c, s = d["fit"]["constants"], d["summary"]
     rows = [
-        ["compute_s (forward + backward)", f"{c['compute_s'] * 1e3:.1f} ms"],
+        ["compute_s (forward + backward + optimizer)", f"{c['compute_s'] * 1e3:.1f} ms"],
         ["link_factor", f"{c['link_factor']:.2f}"],
         ["quantize_s_per_numel", f"{c['quantize_s_per_numel'] * 1e9:.1f} ns"],
         ["overlap_efficiency", f"{c['overlap_efficiency']:.2f}"],
@@ -26,7 +26,11 @@ def step_model_fit(res: Result) -> str:
         f"{_rate(x['rate_mbit'])} {x['allgather_tiny_s'] / 2 * 1e6:.0f} us" for x in d["links"]
     )
     caption = (
-        f"{measured_by(res)} Fitted by least squares on {d['fit']['cases']} runs "
+        f"{measured_by(res)} The runs: {d['sweeps']} sweeps of step_model_runs.measure "
+        "(what `sudo python scripts/bench/step_model_check.py --raw-out FILE` runs; each "
+        "case's step: the least of "
+        "its sweeps' medians; the load average above is the fit's, not the sweeps'). "
+        "Fitted by least squares on {d['fit']['cases']} runs "
         f"({', '.join(d['fit_set'])} blocking, then s3_overlap for overlap_efficiency; ranks "
         "in blocks, every link); alpha measured "
         f"per link (half a tiny all-gather): {alphas}. Check: {s['within_goal']} of "
@@ -51,7 +55,26 @@ def step_model_check(res: Result) -> str:
         miss = "" if r["within_goal"] else " (miss)"
         link = [f"{r[k] / 1e6:.3f}" for k in ("link_bytes_measured", "link_bytes_predicted")]
         rows.append([*cells, f"{r['error']:+.0%}{miss}", "yes" if r["fitted"] else "", *link])
-    return table(header, rows)
+    return "\n\n".join([table(header, rows), misses(res)])
+
+
+def misses(res: Result) -> str:
+    """Which configurations miss the goal, and how far the repeats of a case spread."""
+    ran = [r for r in res.data["rows"] if not isinstance(r.get("error"), str)]
+    by: dict[str, list[bool]] = {}
+    for r in ran:
+        by.setdefault(r["config"], []).append(r["within_goal"])
+    counts = ", ".join(f"{k} {v.count(False)} of {len(v)}" for k, v in by.items() if not all(v))
+    spreads = sorted(
+        max(r["repeats_s"]) / min(r["repeats_s"]) - 1 for r in ran if len(r["repeats_s"]) > 1
+    )
+    spread = (
+        f" The repeats of one case differ by {spreads[len(spreads) // 2]:.0%} at the median "
+        f"case and by up to {spreads[-1]:.0%}."
+        if spreads
+        else ""
+    )
+    return f"Misses (error beyond {res.data['goal']:.0%}), per configuration: {counts}.{spread}"
 
 
 def step_model_clusters(res: Result) -> str:
@@ -68,7 +91,7 @@ def step_model_clusters(res: Result) -> str:
         ]
         rows.append([r["model"], str(r["stage"]), zpp, r["collectives"], *cells])
     caption = (
-        f"{measured_by(res)} Each cell: the overlapped step time, then the step's "
+        f"{measured_by(res)} Arithmetic, no run. Each cell: the overlapped step time, then the step's "
         "communication seconds over its compute seconds (above 1 no overlap can hide it)."
     )
     return "\n\n".join([caption, table(["model", "stage", "ZeRO++", "collectives", *heads], rows)])
