@@ -92,7 +92,8 @@ def step_model_clusters(res: Result) -> str:
         rows.append([r["model"], str(r["stage"]), zpp, r["collectives"], *cells])
     caption = (
         f"{measured_by(res)} Arithmetic, no run. Each cell: the overlapped step time, "
-        "then the step's communication seconds over its compute seconds (above 1 no overlap can hide it)."
+        "then the step's communication seconds over its compute seconds (above 1 no "
+        "overlap can hide it)."
     )
     return "\n\n".join([caption, table(["model", "stage", "ZeRO++", "collectives", *heads], rows)])
 
