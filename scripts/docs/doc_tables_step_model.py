@@ -30,7 +30,7 @@ def step_model_fit(res: Result) -> str:
         "(what `sudo python scripts/bench/step_model_check.py --raw-out FILE` runs; each "
         "case's step: the least of "
         "its sweeps' medians; the load average above is the fit's, not the sweeps'). "
-        "Fitted by least squares on {d['fit']['cases']} runs "
+        f"Fitted by least squares on {d['fit']['cases']} runs "
         f"({', '.join(d['fit_set'])} blocking, then s3_overlap for overlap_efficiency; ranks "
         "in blocks, every link); alpha measured "
         f"per link (half a tiny all-gather): {alphas}. Check: {s['within_goal']} of "
