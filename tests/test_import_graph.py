@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("optim",),  # the update phase's kernels, each beside its NumPy twin (and CUDA's)
     ("gpu",),  # device arrays and copies, the device's placement and compute policies
     ("comm",),  # the only mpi4py importer: host and device (staged) collectives
+    ("step_model",),  # the alpha-beta step time: the ledger's bytes priced per link (no MPI)
     ("models",),  # units with hand-written backward, on NumPy or the device's module
     ("oracle",),  # what one process holding everything computes
     ("oracle_bound",),

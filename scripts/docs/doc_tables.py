@@ -37,6 +37,7 @@ import doc_tables_overlap  # noqa: E402
 import doc_tables_progress  # noqa: E402
 import doc_tables_render as render  # noqa: E402
 import doc_tables_sentences  # noqa: E402
+import doc_tables_step_model  # noqa: E402
 import doc_tables_zeropp  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,6 +51,7 @@ RENDERERS = {
     **doc_tables_overlap.RENDERERS,
     **doc_tables_progress.RENDERERS,
     **doc_tables_sentences.RENDERERS,
+    **doc_tables_step_model.RENDERERS,
     **doc_tables_zeropp.RENDERERS,
 }
 

@@ -1,0 +1,122 @@
+"""The renderers of scripts/docs/doc_tables.py for docs/step_model.md: the step-time model's
+check on the namespace hosts (scripts/bench/step_model_check.py) and its tables for
+clusters (scripts/bench/step_model_clusters.py); shared formatting in doc_tables_render.py.
+"""
+
+from __future__ import annotations
+
+from doc_tables_render import Result, measured_by, table
+
+
+def _rate(mbit: float | None) -> str:
+    return "unlimited" if mbit is None else f"{mbit:g}"
+
+
+def step_model_fit(res: Result) -> str:
+    """The fitted constants and the summary of the check."""
+    d = res.data
+    c, s = d["fit"]["constants"], d["summary"]
+    rows = [
+        ["compute_s (forward + backward + optimizer)", f"{c['compute_s'] * 1e3:.1f} ms"],
+        ["link_factor", f"{c['link_factor']:.2f}"],
+        ["quantize_s_per_numel", f"{c['quantize_s_per_numel'] * 1e9:.1f} ns"],
+        ["overlap_efficiency", f"{c['overlap_efficiency']:.2f}"],
+    ]
+    alphas = ", ".join(
+        f"{_rate(x['rate_mbit'])} {x['allgather_tiny_s'] / 2 * 1e6:.0f} us" for x in d["links"]
+    )
+    caption = (
+        f"{measured_by(res)} The runs: {d['sweeps']} sweeps of step_model_runs.measure "
+        "(what `sudo python scripts/bench/step_model_check.py --raw-out FILE` runs; each "
+        "case's step: the least of "
+        "its sweeps' medians; the load average above is the fit's, not the sweeps'). "
+        f"Fitted by least squares on {d['fit']['cases']} runs "
+        f"({', '.join(d['fit_set'])} blocking, then s3_overlap for overlap_efficiency; ranks "
+        "in blocks, every link); alpha measured "
+        f"per link (half a tiny all-gather): {alphas}. Check: {s['within_goal']} of "
+        f"{s['cases']} cases within {d['goal']:.0%}, median error "
+        f"{s['median_abs_error']:.1%}, largest {s['max_abs_error']:.1%}; "
+        f"{s['did_not_run']} cases did not run."
+    )
+    return "\n\n".join([caption, table(["constant", "fitted"], rows)])
+
+
+def step_model_check(res: Result) -> str:
+    """Every case: measured and predicted step time, the error, fitted or not."""
+    header = ["config", "placement", "Mbit/s", "measured ms", "predicted ms", "error", "fitted"]
+    header += ["link MB measured", "predicted"]
+    rows = []
+    for r in res.data["rows"]:
+        cells = [r["config"], r["placement"], _rate(r["rate_mbit"])]
+        if isinstance(r.get("error"), str):
+            rows.append([*cells, "did not run", "", "", "", "", ""])
+            continue
+        cells += [f"{r['measured_s'] * 1e3:.1f}", f"{r['predicted_s'] * 1e3:.1f}"]
+        miss = "" if r["within_goal"] else " (miss)"
+        link = [f"{r[k] / 1e6:.3f}" for k in ("link_bytes_measured", "link_bytes_predicted")]
+        rows.append([*cells, f"{r['error']:+.0%}{miss}", "yes" if r["fitted"] else "", *link])
+    return "\n\n".join([table(header, rows), misses(res)])
+
+
+def misses(res: Result) -> str:
+    """Which configurations miss the goal, and how far the repeats of a case spread."""
+    ran = [r for r in res.data["rows"] if not isinstance(r.get("error"), str)]
+    by: dict[str, list[bool]] = {}
+    for r in ran:
+        by.setdefault(r["config"], []).append(r["within_goal"])
+    counts = ", ".join(f"{k} {v.count(False)} of {len(v)}" for k, v in by.items() if not all(v))
+    spreads = sorted(
+        max(r["repeats_s"]) / min(r["repeats_s"]) - 1 for r in ran if len(r["repeats_s"]) > 1
+    )
+    spread = (
+        f" The repeats of one case differ by {spreads[len(spreads) // 2]:.0%} at the median "
+        f"case and by up to {spreads[-1]:.0%}."
+        if spreads
+        else ""
+    )
+    return f"Misses (error beyond {res.data['goal']:.0%}), per configuration: {counts}.{spread}"
+
+
+def step_model_clusters(res: Result) -> str:
+    """Per model, stage, ZeRO++ and collectives: the overlapped step time and the
+    communication over compute, per cluster."""
+    d = res.data
+    heads = [f"{c['nodes']}x8, {c['gbps']} Gb/s" for c in d["rows"][0]["cells"]]
+    rows = []
+    for r in d["rows"]:
+        zpp = "-" if not r["zeropp"] else ("qwZ+hpZ+qgZ" if r["stage"] == 3 else "qgZ")
+        cells = [
+            f"{c['step_s']:.2f} s / {(c['hidden_s'] + c['exposed_s']) / c['compute_s']:.2f}"
+            for c in r["cells"]
+        ]
+        rows.append([r["model"], str(r["stage"]), zpp, r["collectives"], *cells])
+    caption = (
+        f"{measured_by(res)} Arithmetic, no run. Each cell: the overlapped step time, "
+        "then the step's communication seconds over its compute seconds (above 1 no "
+        "overlap can hide it)."
+    )
+    return "\n\n".join([caption, table(["model", "stage", "ZeRO++", "collectives", *heads], rows)])
+
+
+def step_model_break_even(res: Result) -> str:
+    """The fewest tokens per GPU at which overlapped stage 3 is within 5 % of stage 2."""
+    even = res.data["break_even"]
+    keys = list(dict.fromkeys((r["model"], r["gbps"], r["collectives"]) for r in even))
+    nodes = sorted({r["nodes"] for r in even})
+    rows = []
+    for model, gbps, coll in keys:
+        by = {
+            r["nodes"]: r
+            for r in even
+            if (r["model"], r["gbps"], r["collectives"]) == (model, gbps, coll)
+        }
+        rows.append([model, f"{gbps} Gb/s", coll, *(f"{by[n]['tokens_per_gpu']:,}" for n in nodes)])
+    return table(["model", "link", "collectives", *(f"{n} nodes" for n in nodes)], rows)
+
+
+RENDERERS = {
+    "step_model_fit": step_model_fit,
+    "step_model_check": step_model_check,
+    "step_model_clusters": step_model_clusters,
+    "step_model_break_even": step_model_break_even,
+}

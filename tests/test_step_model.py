@@ -1,0 +1,144 @@
+"""zero_ref/step_model.py's algebra at its boundaries: one rank, one host, no latency,
+infinite bandwidth, the paper's 1x vs 1.5x volumes, placement and hiding."""
+
+import math
+
+import pytest
+
+from zero_ref.comm.ledger import stage3_gathers
+from zero_ref.step_model import (
+    Cluster,
+    Link,
+    Workload,
+    flights_of,
+    host_link_bytes,
+    predict,
+    stage3_forward_backward,
+)
+
+UNITS = (1000, 3000, 2000, 500)
+FAST = Link(0.0, math.inf)
+
+
+def cluster(hosts=2, per_host=4, alpha=1e-5, rate=1e9, placement="block", coll="flat"):
+    return Cluster(hosts, per_host, Link(alpha, 1e11), Link(alpha, rate), placement, coll)
+
+
+def work(stage, **kw):
+    return Workload(stage, UNITS, forward_s=0.01, backward_s=0.02, optimizer_s=0.004, **kw)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_one_rank_is_compute_alone(stage):
+    c = Cluster(1, 1, Link(1.0, 1.0), Link(1.0, 1.0))
+    p = predict(work(stage), c)
+    assert p.exposed_s == 0.0 and p.hidden_s == 0.0
+    assert p.step_s == pytest.approx(0.034)  # the optimizer is all on the one rank
+
+
+@pytest.mark.parametrize("stage", [0, 1, 3])
+def test_infinite_bandwidth_zero_latency_is_compute(stage):
+    c = Cluster(4, 8, FAST, FAST)
+    assert predict(work(stage), c).step_s == pytest.approx(0.03 + 0.004 / (1 if stage == 0 else 32))
+
+
+def test_latency_alone_counts_messages():
+    c = Cluster(2, 1, Link(0.0, math.inf), Link(1e-3, math.inf))
+    p = predict(work(1, reduce_buckets=3), c, scalars=0)
+    assert p.exposed_s == pytest.approx(1e-3 * (3 + len(UNITS)))  # log2(2) = 1 message a call
+
+
+def test_one_host_puts_nothing_on_the_link():
+    c = Cluster(1, 8, Link(0.0, 1e9), Link(0.0, 1.0))  # a crawling link, never used
+    for stage in range(4):
+        assert all(host_link_bytes(f, c) == 0 for f in flights_of(work(stage), c))
+        assert predict(work(stage), c).exposed_s < 1e-3
+
+
+def link_bytes(stage, c, **kw):
+    return sum(host_link_bytes(f, c) for f in flights_of(work(stage, **kw), c))
+
+
+@pytest.mark.parametrize("coll,placement", [("hierarchical", "block"), ("flat", "cyclic")])
+def test_stage3_moves_one_and_a_half_times_stage0(coll, placement):
+    """Paper Sec. 7: 2 Psi (stage 0's all-reduce) vs 3 Psi (stage 3), less the last
+    unit's backward gather (forward's copy is still in the buffer): 1.5 x (1 - 1/(3n))."""
+    units = (4096,)
+    c = cluster(placement=placement, coll=coll)
+    w0 = Workload(0, units * 8, 0.0, 0.0)
+    w3 = Workload(3, units * 8, 0.0, 0.0)
+    psi_bytes = 4 * 4096 * 8
+    b0 = sum(host_link_bytes(f, c) for f in flights_of(w0, c))
+    b3 = sum(host_link_bytes(f, c) for f in flights_of(w3, c))
+    assert b0 == pytest.approx(2 * psi_bytes / 2)  # 2 N (H-1)/H, H = 2
+    assert b3 / b0 == pytest.approx((3 * 8 - 1) / (2 * 8))  # the last unit's reuse
+    assert b3 / b0 < 1.5
+
+
+def test_flat_in_blocks_pays_ranks_per_host_times():
+    flat = link_bytes(1, cluster(per_host=4))
+    least = link_bytes(1, cluster(per_host=4, coll="hierarchical"))
+    assert flat == pytest.approx(4 * least)
+    assert link_bytes(1, cluster(per_host=4, placement="cyclic")) == pytest.approx(least)
+    assert link_bytes(0, cluster(per_host=4)) == link_bytes(0, cluster(coll="hierarchical"))
+
+
+def test_zeropp_cuts_the_link_bytes():
+    c = cluster(coll="hierarchical")
+    plain = link_bytes(3, c)
+    zpp = link_bytes(3, c, qwz_block=250, hpz=True, qgz_blocks=4)
+    assert zpp < plain / 3  # int8 forward, no backward gather across, int8 gradients
+
+
+def test_overlap_hides_up_to_the_phase_compute():
+    c = cluster(rate=1e6)  # a slow link: comm far above compute
+    blocking, overlapped = predict(work(3), c), predict(work(3, overlap=True), c)
+    assert overlapped.hidden_s == pytest.approx(0.03)  # forward + backward, all of it
+    assert blocking.step_s - overlapped.step_s == pytest.approx(0.03)
+    fast = cluster(rate=1e15, alpha=0.0)
+    assert predict(work(3, overlap=True), fast).exposed_s == pytest.approx(0.0, abs=1e-5)
+
+
+@pytest.mark.parametrize("n,k", [(1, 1), (1, 3), (4, 1), (5, 2), (7, 3)])
+def test_forward_backward_split_sums_to_the_ledgers(n, k):
+    forward, backward = stage3_forward_backward(n, k)
+    assert [f + b for f, b in zip(forward, backward, strict=True)] == stage3_gathers(n, k)
+
+
+@pytest.mark.parametrize(
+    "make,field",
+    [
+        (lambda: Workload(4, UNITS, 0.0, 0.0), "stage"),
+        (lambda: Workload(1, (), 0.0, 0.0), "unit_numels"),
+        (lambda: Workload(1, UNITS, -1.0, 0.0), "forward_s"),
+        (lambda: Workload(2, UNITS, 0.0, 0.0, hpz=True), "stage"),
+        (lambda: Workload(0, UNITS, 0.0, 0.0, qgz_blocks=3), "stage"),
+        (lambda: Cluster(0, 1, FAST, FAST), "hosts"),
+        (lambda: Cluster(1, 1, FAST, FAST, placement="ring"), "placement"),
+        (lambda: Cluster(1, 1, FAST, FAST, collectives="tree"), "collectives"),
+        (lambda: Link(0.0, 0.0), "bytes_per_s"),
+    ],
+)
+def test_bad_input_names_the_field(make, field):
+    with pytest.raises(ValueError, match=field):
+        make()
+
+
+def test_overlap_efficiency_scales_what_compute_can_cover():
+    c = cluster(rate=1e6)
+    full = predict(work(3, overlap=True), c)
+    none = predict(work(3, overlap=True, overlap_efficiency=0.0), c)
+    half = predict(work(3, overlap=True, overlap_efficiency=0.5), c)
+    assert none.step_s == pytest.approx(predict(work(3), c).step_s)
+    assert half.hidden_s == pytest.approx(full.hidden_s / 2)
+
+
+def test_a_prefetch_plans_gathers_move_fewer_backward_bytes():
+    """A plan that keeps a unit gathered across the turn (gathers_per_step) sends fewer
+    backward gathers: the bytes fall by that unit's share."""
+    c = cluster(coll="hierarchical")
+    plain = link_bytes(3, c)
+    held = link_bytes(3, c, gathers=(2, 2, 1, 1))  # units 2 and 3 held over the turn
+    assert plain - held == pytest.approx(4 * 2000 * (2 - 1) / 2)
+    with pytest.raises(ValueError, match="gathers"):
+        work(3, gathers=(1, 1))

@@ -1,0 +1,61 @@
+"""scripts/bench/step_model_check.py's pure parts: the fit recovers the constants of
+step times the model itself made, and repeated sweeps merge to each case's least."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts" / "bench"))
+
+import step_model_check as check  # noqa: E402
+from step_model_runs import CONFIGS  # noqa: E402
+
+RATES = {None: 1.2e9, 300.0: 2.4e7, 100.0: 9.5e6, 30.0: 3.4e6}
+KINDS = {  # the ledger's calls per kind that the check reads (buckets, scalars)
+    0: {"allreduce": {"calls": 15}, "loss": {"calls": 1}},
+    3: {"reduce_scatter": {"calls": 15}, "loss": {"calls": 1}, "norm": {"calls": 1}},
+}
+ZPP_KINDS = {"reduce_scatter_int8_local": {"calls": 19}, "loss": {"calls": 1}, "norm": {"calls": 1}}
+
+
+def synthetic(theta: dict) -> list[dict]:
+    """Every fitted configuration at every rate, its step time the model's own."""
+    cases = []
+    for rate, link in RATES.items():
+        for config in ("s0", "s3", "s3_zeropp", "s3_overlap"):
+            stage, flags = CONFIGS[config]
+            kinds = ZPP_KINDS if "zeropp" in config else KINDS[stage]
+            case = {"config": config, "stage": stage, "flags": list(flags), "kinds": kinds}
+            case |= {"placement": "block", "rate_mbit": rate, "link_bytes_s": link}
+            case |= {"alpha_s": 2e-5, "intra_bytes_s": 1.2e9}
+            case["step_s"] = check.predicted(case, theta).step_s
+            cases.append(case)
+    return cases
+
+
+def test_the_fit_recovers_the_models_own_constants():
+    theta = {"compute_s": 0.03, "link_factor": 0.9, "quantize_s_per_numel": 2e-8}
+    cases = synthetic(theta | {"overlap_efficiency": 0.4})
+    fitted = check.fit(cases)["constants"]
+    for name, value in theta.items():
+        assert fitted[name] == pytest.approx(value, rel=1e-6), name
+    assert fitted["overlap_efficiency"] == pytest.approx(0.4)
+
+
+def test_merged_takes_each_cases_least_repeat_and_keeps_them_all():
+    link = {"rate_mbit": None, "link_bytes_s": 1e9, "allgather_tiny_s": 4e-5}
+    case = {"config": "s0", "placement": "block", "rate_mbit": None, "step_s": 0.05}
+    failed = {"config": "s3_zeropp", "placement": "cyclic", "rate_mbit": None, "error": "x"}
+    sweeps = [
+        {"links": [link], "cases": [case, failed]},
+        {"links": [link | {"link_bytes_s": 3e9}], "cases": [case | {"step_s": 0.04}, failed]},
+    ]
+    out = check.merged(sweeps)
+    (ran,) = [c for c in out["cases"] if "error" not in c]
+    assert ran["step_s"] == 0.04 and ran["step_s_repeats"] == [0.05, 0.04]
+    assert ran["link_bytes_s"] == out["links"][0]["link_bytes_s"] == 2e9  # the median
+    assert out["sweeps"] == 2 and sum("error" in c for c in out["cases"]) == 1
