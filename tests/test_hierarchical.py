@@ -42,3 +42,9 @@ def test_two_level_collectives_over_fake_hosts():
     """6 ranks as 3x2 in blocks, 2x3 cyclic, 6x1 and 1x6: gathers in world order,
     deterministic sums bitwise the two-level order, issued = blocking, ledger bytes."""
     run_mpi_checks("mpi_hier_check.py", 6)
+
+
+def test_every_stage_matches_the_oracles_two_level_order():
+    """6 ranks as 3x2 in blocks and 2x3 cyclic, stages 0-3, overlap off and on: the
+    parameters bit for bit the oracle's with `hosts`, and not all the flat oracle's."""
+    run_mpi_checks("mpi_hier_parity_check.py", 6)
