@@ -24,6 +24,7 @@ OPTIMIZER_OFFLOAD = (*OFFLOAD_DEVICES, "cpu")  # cpu: ZeRO-Offload, the GPU path
 DEFAULT_BUCKET_NUMEL = 8192
 DEVICES = ("cpu", "gpu")  # where the engine's arrays live (docs/gpu.md)
 PROGRESS_MODES = ("test", "thread", "mpich", "none")  # zero_ref/comm/progress.py
+COLLECTIVES = ("auto", "flat", "hierarchical")  # zero_ref/comm/hierarchical.py
 CUDA_AWARE_CHOICES = ("auto", "yes", "no")  # ask the MPI library, or say (gpu/mpi_support.py)
 
 
@@ -164,6 +165,11 @@ class ZeroConfig:
     progress      what advances an issued collective (zero_ref/comm/progress.py): "test"
                   (MPI_Testall at unit boundaries), "thread" (a polling thread), "mpich"
                   (MPICH's own progress thread), "none" (only the wait).
+    collectives   "flat" (MPI's one-level all-gather and reduce-scatter), "hierarchical"
+                  (two levels: inside each host, then across hosts; every byte crosses
+                  the link once, zero_ref/comm/hierarchical.py) or "auto" (hierarchical
+                  when the job spans more than one host with more than one rank on each
+                  and the engine has no hpZ, hybrid or ZeRO++ groups; else flat).
     prefetch_numel  stage 3 with overlap_comm: units gathered ahead of use, in elements
                   (DeepSpeed's stage3_prefetch_bucket_size): as many upcoming units as
                   fit; None: one unit ahead (FSDP's forward/backward prefetch); 0: none.
@@ -235,6 +241,7 @@ class ZeroConfig:
     cuda_aware_mpi: str = "auto"
     overlap_comm: bool = False
     progress: str = "test"
+    collectives: str = "auto"
     prefetch_numel: int | None = None
     max_live_numel: int | None = None
     persistence_numel: int = 0
@@ -436,12 +443,30 @@ class ZeroConfig:
             "the parameters the offload moved to disk; zero_ref does not swap it)",
         )
 
+    def groups_in_use(self) -> str:
+        """The settings that give the engine group collectives or byte payloads that the
+        two-level collectives do not cover ("" when none)."""
+        used = [
+            ("hpz_partition_size", self.hpz_partition_size != 1),
+            ("hybrid_shard_size", self.hybrid_shard_size is not None),
+            ("quantized_gradients", self.quantized_gradients),
+            ("quantized_weights", self.quantized_weights),
+        ]
+        return ", ".join(name for name, on in used if on)
+
     def _check_overlap(self) -> None:
         _require(
             isinstance(self.overlap_comm, bool), "overlap_comm", self.overlap_comm, "True or False"
         )
         modes = ", ".join(repr(m) for m in PROGRESS_MODES)
         _require(self.progress in PROGRESS_MODES, "progress", self.progress, modes)
+        kinds = ", ".join(repr(m) for m in COLLECTIVES)
+        _require(self.collectives in COLLECTIVES, "collectives", self.collectives, kinds)
+        if self.collectives == "hierarchical" and self.groups_in_use():
+            raise ValueError(
+                f"collectives 'hierarchical' with {self.groups_in_use()}: not implemented "
+                "(their group collectives are flat); use collectives 'flat' or 'auto'"
+            )
         for name in ("prefetch_numel", "max_live_numel"):
             value = getattr(self, name)
             _require(

@@ -48,6 +48,10 @@ micro-step as above (acc_g, rounded to the gradients' dtype), and the groups' su
 then added in group order in float32 and rounded once (the cross-group all-reduce of
 zero_ref/engine/hybrid.py, at the accumulation boundary): acc = acc_0 + acc_1 + ...
 
+With the two-level collectives (collectives "hierarchical", `hosts`: the placement table
+(H, L) of zero_ref/comm/hier_order.py) a float32 sum is each host's rows added in world-rank
+order, then the hosts' partials in host order (two_level_sum); 16-bit sums stay flat.
+
 The deterministic engine reproduces this bit for bit at every stage and world
 size; the fast engine agrees within the tolerance in docs/determinism.md.
 """
@@ -61,6 +65,7 @@ from types import ModuleType
 
 import numpy as np
 
+from zero_ref.comm.hier_order import two_level_sum
 from zero_ref.config import AdamWConfig, ZeroConfig
 from zero_ref.dtypes import dtype_of, rounded
 from zero_ref.layout.buckets import bucket_plan
@@ -140,6 +145,7 @@ class Oracle:
         gradient_blocks: GradientBlocks | None = None,
         backward_reads_forward: bool = False,
         shard_size: int | None = None,
+        hosts: np.ndarray | None = None,
     ) -> None:
         self.names = list(init_params)
         self.shapes = [np.shape(init_params[k]) for k in self.names]
@@ -160,6 +166,7 @@ class Oracle:
         # hpZ with qwZ: backward reads forward's dequantized weights (the secondary copy)
         self.backward_reads_forward = backward_reads_forward
         self.shard_size = shard_size  # hybrid sharding's group size G (None: one group)
+        self.hosts = hosts  # the two-level collectives' placement (H, L); None: flat
         self.step_count = 0
         self.last_grad_norm = float("nan")
         self.last_skipped = False
@@ -332,6 +339,8 @@ class Oracle:
         or two (groups of gradient_blocks.local_size ranks, partials requantized)."""
         out = np.empty_like(self.params)
         gb, world = self.gradient_blocks, rows.shape[0]
+        if gb is None and self.hosts is not None and self.comm_dtype == np.float32:
+            return two_level_sum(rows, self.hosts, out)
         if gb is None:
             return sum_in_rank_order(rows, out)
         local = gb.local_size

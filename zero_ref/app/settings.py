@@ -13,6 +13,7 @@ from typing import Any
 from zero_ref.app import ds_values as dv
 from zero_ref.app.setting import Setting, ds_keys, settings_by_dest
 from zero_ref.config import (
+    COLLECTIVES,
     CUDA_AWARE_CHOICES,
     DEVICES,
     NONFINITE_POLICIES,
@@ -215,6 +216,11 @@ OVERLAP = (
             "at unit boundaries), thread (a polling thread), mpich (MPICH's progress "
             "thread: launch with MPIR_CVAR_ASYNC_PROGRESS=1), none (only the wait)",
             choices=PROGRESS_MODES, feeds=Z + "progress"),
+    Setting("collectives", "overlap", "all-gather and reduce-scatter: flat (MPI's), "
+            "hierarchical (inside each host, then across hosts: each byte crosses the link "
+            "once) or auto (hierarchical on more than one host with more than one rank on "
+            "each, and no hpZ/hybrid/ZeRO++ groups)", choices=COLLECTIVES,
+            feeds=Z + "collectives"),
     Setting("prefetch_numel", "overlap", "stage 3 with --overlap-comm: elements of upcoming "
             "units gathered ahead of use (0: none)", int, None, minimum=0,
             ds=(ZO + "stage3_prefetch_bucket_size",), ds_parse=dv.whole_integer(0),

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 from mpi4py import MPI
 
 from zero_ref.comm.collectives import Comm
+from zero_ref.comm.hier_order import placement, spans_hosts
+from zero_ref.comm.hierarchical import HierarchicalComm, host_labels
 from zero_ref.comm.reduction import MPIReduction, OrderedReduction
 from zero_ref.config import ZeroConfig
 
@@ -25,10 +27,32 @@ def comm_for(mpi_comm: MPI.Comm, cfg: ZeroConfig) -> Comm:
     """The Comm an engine with config `cfg` needs: its reduction policy and schedule
     checking both follow the config (the only place that maps one to the other)."""
     reduction = OrderedReduction() if cfg.deterministic else MPIReduction()
-    comm = Comm(mpi_comm, reduction, check_schedule=cfg.check_schedule)
+    if use_hierarchical(mpi_comm, cfg):  # two-level gathers and sums (docs/multihost.md)
+        comm = HierarchicalComm(mpi_comm, reduction, check_schedule=cfg.check_schedule)
+    else:
+        comm = Comm(mpi_comm, reduction, check_schedule=cfg.check_schedule)
     if cfg.device == "gpu":  # collectives on device arrays (docs/gpu.md)
         return device_comm(comm, cfg.cuda_aware_mpi)
     return comm
+
+
+def use_hierarchical(mpi_comm: MPI.Comm, cfg: ZeroConfig, host_of=None) -> bool:
+    """cfg.collectives resolved (a collective): "flat" no, "hierarchical" yes (refused
+    when the hosts hold different numbers of ranks), "auto" yes when the job spans more
+    than one host with more than one rank on each, as many on every host, and the
+    engine has no hpZ/hybrid/ZeRO++ groups; otherwise flat (rank 0 says why, once)."""
+    if cfg.collectives == "flat" or (cfg.collectives == "auto" and cfg.groups_in_use()):
+        return False
+    labels = host_labels(mpi_comm, host_of)
+    if cfg.collectives == "hierarchical":
+        placement(labels)  # the ValueError for unequal hosts, on every rank
+        return True
+    try:
+        return spans_hosts(placement(labels))
+    except ValueError:
+        if mpi_comm.Get_rank() == 0:
+            print("collectives auto: hosts hold different numbers of ranks; flat", flush=True)
+        return False
 
 
 def world_comm(cfg: ZeroConfig) -> Comm:

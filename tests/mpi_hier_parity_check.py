@@ -1,0 +1,77 @@
+"""Every stage on the two-level collectives against the oracle's two-level order; run by
+tests/test_hierarchical.py as `mpirun -n 6 python tests/mpi_hier_parity_check.py`.
+
+Fake hosts on one machine (test-only host_of): 3 hosts of 2 in blocks and 2 hosts of 3
+placed cyclically; stages 0-3, overlap off and on, two steps of two micro-steps each; the
+full parameters bit for bit the oracle's with `hosts`, and (so the check can fail) not
+all of them the flat oracle's."""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+from mpi_checks import run_checks
+
+from zero_ref.comm.hierarchical import HierarchicalComm
+from zero_ref.comm.reduction import OrderedReduction
+from zero_ref.config import AdamWConfig, ZeroConfig
+from zero_ref.engine.ladder import make_engine
+from zero_ref.models.unit import init_params
+from zero_ref.oracle import Oracle
+from zero_ref.testing.engine_state import full_parameters
+from zero_ref.testing.replay import ReplayModel
+
+WORLD = MPI.COMM_WORLD
+UNITS = [("u0", [("w", (37, 5))]), ("u1", [("w", (9,)), ("b", (4, 4))]), ("u2", [("w", (30,))])]
+PLACEMENTS = {"3x2 blocks": lambda r: r // 2, "2x3 cyclic": lambda r: r % 2}
+
+
+def same(a: dict, b: dict) -> bool:
+    return all(np.array_equal(a[k].view(np.uint32), b[k].view(np.uint32)) for k in a)
+
+
+def run_case(stage: int, overlap: bool, host_of) -> tuple[bool, bool]:
+    """(bitwise the two-level oracle at every step, bitwise the flat one at every step)."""
+    cfg = ZeroConfig(stage=stage, bucket_numel=64, grad_accum=2, deterministic=True,
+                     overlap_comm=overlap, collectives="hierarchical",
+                     optimizer=AdamWConfig(lr=1e-2, weight_decay=0.1))  # fmt: skip
+    model = ReplayModel(UNITS)
+    init = init_params(model, 3)
+    comm = HierarchicalComm(WORLD, OrderedReduction(), host_of=host_of)
+    engine = make_engine(model, init, cfg, comm)
+    two_level = Oracle.for_config(init, cfg, model)
+    two_level.hosts = comm.world_of
+    flat = Oracle.for_config(init, cfg, model)
+    ok, like_flat = True, True
+    for step in range(2):
+        inputs = model.contexts(7, step, 2, comm.size)
+        targets = np.zeros((2, comm.size))
+        engine.train_step(inputs[:, comm.rank], targets[:, comm.rank])
+        full = full_parameters(engine)
+        two_level.model_step(model, inputs, targets)
+        flat.model_step(model, inputs, targets)
+        ok &= same(full, two_level.model_parameters())
+        like_flat &= same(full, flat.model_parameters())
+    engine.close()
+    comm.host.Free()
+    comm.cross.Free()
+    return ok, like_flat
+
+
+def checks() -> list[str]:
+    fails: list[str] = []
+    all_like_flat = True
+    for name, host_of in PLACEMENTS.items():
+        for stage in range(4):
+            for overlap in (False, True):
+                ok, like_flat = run_case(stage, overlap, host_of)
+                all_like_flat &= like_flat
+                if not ok:
+                    fails.append(f"{name} stage {stage} overlap {overlap}: not the oracle's")
+    if all_like_flat:
+        fails.append("every case also equals the flat oracle: the check cannot tell orders")
+    return fails
+
+
+if __name__ == "__main__":
+    run_checks(WORLD, checks)
