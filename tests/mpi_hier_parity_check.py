@@ -1,5 +1,7 @@
 """Every stage on the two-level collectives against the oracle's two-level order; run by
-tests/test_hierarchical.py as `mpirun -n 6 python tests/mpi_hier_parity_check.py`.
+tests/test_hierarchical.py as `mpirun -n 6 python tests/mpi_hier_parity_check.py`, and by
+tests/test_netns_hier.py across namespace hosts with `--real-hosts` (the hosts MPI's
+COMM_TYPE_SHARED split finds, in whatever placement the launcher gave).
 
 Fake hosts on one machine (test-only host_of): 3 hosts of 2 in blocks and 2 hosts of 3
 placed cyclically; stages 0-3, overlap off and on, two steps of two micro-steps each; the
@@ -7,6 +9,8 @@ full parameters bit for bit the oracle's with `hosts`, and (so the check can fai
 all of them the flat oracle's."""
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 from mpi4py import MPI
@@ -24,6 +28,11 @@ from zero_ref.testing.replay import ReplayModel
 WORLD = MPI.COMM_WORLD
 UNITS = [("u0", [("w", (37, 5))]), ("u1", [("w", (9,)), ("b", (4, 4))]), ("u2", [("w", (30,))])]
 PLACEMENTS = {"3x2 blocks": lambda r: r // 2, "2x3 cyclic": lambda r: r % 2}
+STAGES = range(4)
+if "--real-hosts" in sys.argv:
+    PLACEMENTS = {"real hosts": None}
+if "--stages" in sys.argv:  # e.g. --stages 1,3: fewer cases for a larger job
+    STAGES = [int(x) for x in sys.argv[sys.argv.index("--stages") + 1].split(",")]
 
 
 def same(a: dict, b: dict) -> bool:
@@ -62,7 +71,7 @@ def checks() -> list[str]:
     fails: list[str] = []
     all_like_flat = True
     for name, host_of in PLACEMENTS.items():
-        for stage in range(4):
+        for stage in STAGES:
             for overlap in (False, True):
                 ok, like_flat = run_case(stage, overlap, host_of)
                 all_like_flat &= like_flat

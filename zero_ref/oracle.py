@@ -180,12 +180,14 @@ class Oracle:
         model: Model | None = None,
         shard_size: int | None = None,
         qgz_local_size: int | None = None,
+        hosts: np.ndarray | None = None,
     ):
         """The oracle of an engine configured by `cfg` (its optimizer, clipping, precision);
         with quantized_gradients the model too (qgZ's blocks follow its units); with
         hybrid_shard_size "host", `shard_size`: the ranks a host holds (the engine's
         shard_world); with quantized_gradient_local_size "host", `qgz_local_size`: the
-        engine's (None: one hop)."""
+        engine's (None: one hop); with the two-level collectives, `hosts`: the placement
+        table their Comm found (HierarchicalComm.world_of; None: flat sums)."""
         if cfg.quantized_gradients and model is None:
             raise ValueError("quantized_gradients: the oracle needs the model (its units)")
         hybrid = cfg.hybrid_shard_size
@@ -208,6 +210,7 @@ class Oracle:
             blocks,
             cfg.quantized_weights and cfg.hpz_partition_size != 1,
             None if hybrid is None else group_size_of(hybrid, shard_size),
+            hosts,
         )
 
     def loss_scale(self) -> float | None:

@@ -7,6 +7,7 @@
 #   read -r rx tx < <(nh_bytes zrp)     # h1's byte counters on the link
 #   nh_mpiexec zrp zrph1:2,zrph2:2 -n 4 python scripts/x.py   # mpiexec across both
 #   nh_cleanup zrp
+#   nh_make3 zrp 10.79.0                # three hosts zrph1..zrph3 on one switch instead
 #
 # Every function takes the prefix first and keeps no shell state, so a Python script can
 # call each one through `bash -c 'source scripts/bench/netns_hosts.sh; nh_rate zrp 100mbit'`.
@@ -56,6 +57,11 @@ nh_make() {  # nh_make PREFIX SUBNET(a.b.c): two hosts joined by a veth pair, li
         sleep 0.1
     done
     [ "$up" = upup ] || { echo "netns_hosts: ${p}0 did not come up ($up)" >&2; return 1; }
+    _nh_launcher "$p"
+}
+
+_nh_launcher() {  # _nh_launcher PREFIX: write Hydra's launcher /tmp/PREFIX_netns_rsh
+    local p=$1
     # Hydra starts a remote proxy as `LAUNCHER <host> <command line>`, as it would call
     # rsh: here the command line runs in that host's namespaces, under that host's name.
     cat > "/tmp/${p}_netns_rsh" <<EOF
@@ -66,7 +72,41 @@ EOF
     chmod +x "/tmp/${p}_netns_rsh"
 }
 
-nh_exec() {  # nh_exec PREFIX 1|2 CMD...: run CMD on host 1 or 2, under its host name
+nh_make3() {  # nh_make3 PREFIX SUBNET(a.b.c): three hosts, each with one link to a switch
+    # (a bridge in namespace PREFIX_sw): host n is SUBNET.n, named PREFIXhn, its end of the
+    # link named PREFIX0 as nh_make's are, so nh_exec, nh_mpiexec and UCX_NET_DEVICES work
+    # unchanged. nh_rate and nh_bytes act on the first two hosts' links.
+    local p=$1 net=$2 n m
+    [ -n "$p" ] && [ -n "$net" ] || { echo "usage: nh_make3 PREFIX a.b.c" >&2; return 2; }
+    nh_cleanup "$p"
+    ip netns add "${p}_sw" || return 1
+    ip -n "${p}_sw" link add "${p}br" type bridge || return 1
+    ip -n "${p}_sw" link set "${p}br" up
+    for n in 1 2 3; do
+        ip netns add "${p}_h$n" || return 1
+        ip link add "${p}0" netns "${p}_h$n" type veth peer name "${p}p$n" netns "${p}_sw" \
+            || return 1
+        ip -n "${p}_sw" link set "${p}p$n" master "${p}br"
+        ip -n "${p}_sw" link set "${p}p$n" up
+        ip -n "${p}_h$n" addr add "$net.$n/24" dev "${p}0"
+        ip -n "${p}_h$n" link set lo up
+        ip -n "${p}_h$n" link set "${p}0" up
+        mkdir -p "/etc/netns/${p}_h$n"
+        { cat /etc/hosts; for m in 1 2 3; do printf '%s.%s %sh%s\n' "$net" "$m" "$p" "$m"; done; } \
+            > "/etc/netns/${p}_h$n/hosts"
+    done
+    local _ up
+    for _ in $(seq 50); do
+        up=""
+        for n in 1 2 3; do up=$up$(nh_exec "$p" "$n" cat "/sys/class/net/${p}0/operstate"); done
+        [ "$up" = upupup ] && break
+        sleep 0.1
+    done
+    [ "$up" = upupup ] || { echo "netns_hosts: ${p}0 did not come up ($up)" >&2; return 1; }
+    _nh_launcher "$p"
+}
+
+nh_exec() {  # nh_exec PREFIX 1|2|3 CMD...: run CMD on host n, under its host name
     local p=$1 n=$2
     shift 2
     ip netns exec "${p}_h$n" unshare --uts sh -c 'hostname "$0"; exec "$@"' "${p}h$n" "$@"
@@ -105,7 +145,7 @@ nh_mpiexec() {  # nh_mpiexec PREFIX HOSTS MPIEXEC_ARGS...: mpiexec in h1 across 
 
 nh_cleanup() {  # nh_cleanup PREFIX: remove everything nh_make made (safe to repeat)
     local p=$1 ns
-    for ns in "${p}_h1" "${p}_h2"; do
+    for ns in "${p}_h1" "${p}_h2" "${p}_h3" "${p}_sw"; do
         ip netns del "$ns" 2>/dev/null || true
         rm -rf "/etc/netns/$ns"
     done

@@ -30,9 +30,19 @@ CONFIGS: dict[str, tuple[int, tuple[str, ...]]] = {
 }
 
 
-def one_case(pair: NetnsPair, config: str, placement: str, steps: int, log: Path) -> dict:
-    """One configuration's run on the current link: the run's summary and its ledger."""
+def one_case(
+    pair: NetnsPair,
+    config: str,
+    placement: str,
+    steps: int,
+    log: Path,
+    more: tuple = ("--collectives", "flat"),
+) -> dict:
+    """One configuration's run on the current link (`more`: flags added to the
+    configuration's; flat collectives unless told, as the recorded check was measured
+    before the two-level ones existed): the run's summary and its ledger."""
     stage, extra = CONFIGS[config]
+    extra = (*extra, *more)
     flags = ["--stage", str(stage), "--steps", str(steps), "--sample-chars", "0", "--quiet"]
     summary = run_train(pair, [*flags, *extra], log, 300.0, placement)
     final = [json.loads(x) for x in log.read_text().splitlines() if x.strip()][-1]

@@ -67,7 +67,8 @@ class OracleCheck:
         if engine.rank == 0:
             shard = engine.shard_world  # hybrid sharding's groups ("host": as MPI split them)
             local = getattr(engine, "qgz_local_size", None)  # qgZ's hops, as MPI split them
-            self.oracle = Oracle.for_config(state["param"], cfg, model, shard, local)
+            hosts = getattr(engine.comm, "world_of", None)  # two-level sums: their order
+            self.oracle = Oracle.for_config(state["param"], cfg, model, shard, local, hosts)
             self.oracle.load_state(
                 state["param"], state["exp_avg"], state["exp_avg_sq"], engine.step_count
             )
