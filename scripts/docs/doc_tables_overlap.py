@@ -127,4 +127,45 @@ def overlap_budget(res: Result) -> str:
     return f"{measured_by(res)} {setup}\n\n{table(header, rows)}"
 
 
-RENDERERS = {f.__name__: f for f in (overlap_memory, overlap_bench, overlap_probes, overlap_budget)}
+HIER_CASES = {  # hier_check.py's case -> (stage, schedule, placement, collectives)
+    "s0_block": ("0", "blocking", "block", "flat (MPICH's all-reduce is node-aware)"),
+    "s3_block_flat": ("3", "blocking", "block", "flat"),
+    "s3_block_hier": ("3", "blocking", "block", "hierarchical"),
+    "s3_block_auto": ("3", "blocking", "block", "auto"),
+    "s3o_block_flat": ("3", "overlapped", "block", "flat"),
+    "s3o_block_hier": ("3", "overlapped", "block", "hierarchical"),
+    "s3_cyclic_flat": ("3", "blocking", "cyclic", "flat"),
+}
+
+
+def hier_check(res: Result) -> str:
+    """Flat against two-level collectives on the namespace hosts (scripts/bench/hier_check.py)."""
+    d = res.data
+    s0 = d["step_s"]["s0_block"]
+    rows = [
+        [*HIER_CASES[name], f"{d['link_bytes_per_step'][name] / 1e6:.3f}",
+         f"{d['step_s'][name] * 1e3:.1f}", f"{d['step_s'][name] / s0:.2f}"]
+        for name in HIER_CASES
+    ]  # fmt: skip
+    one = d["one_host_step_s"]
+    caption = (
+        f"{measured_by(res)} The default GPT on 2 hosts x 2 ranks at {d['rate_mbit']:g} Mbit/s, "
+        f"each figure the median of {d['repeats']} rounds of every case side by side. Stage 3's "
+        f"link bytes with the two-level collectives: {d['s3_hier_bytes_over_cyclic']:.3f} x "
+        f"cyclic placement's (flat in blocks: {d['s3_flat_bytes_over_cyclic']:.2f} x). "
+        f"Stage 3 / stage 0: overlapped {d['overlap_s3_over_s0']['hierarchical']:.2f} "
+        f"(flat {d['overlap_s3_over_s0']['flat']:.2f}), blocking "
+        f"{d['blocking_s3_over_s0']['hierarchical']:.2f} (flat "
+        f"{d['blocking_s3_over_s0']['flat']:.2f}). On one host (4 ranks, stage 3 overlapped), "
+        f"`auto` (flat there) {one['auto'] * 1e3:.1f} ms against `flat` {one['flat'] * 1e3:.1f} ms "
+        f"a step: {d['one_host_auto_over_flat']:.2f} x, the same code within the run-to-run spread."
+    )
+    header = ["stage", "schedule", "placement", "collectives", "link MB / step", "step ms",
+              "/ stage 0"]  # fmt: skip
+    return "\n\n".join([caption, table(header, rows)])
+
+
+RENDERERS = {
+    f.__name__: f
+    for f in (overlap_memory, overlap_bench, overlap_probes, overlap_budget, hier_check)
+}
