@@ -109,6 +109,7 @@ def summary(rounds: list[dict[str, dict]], one_host: dict[str, list[float]]) -> 
         },
         "auto_is_hierarchical_bytes": link["s3_block_auto"] / link["s3_block_hier"],
         "one_host_step_s": {"flat": flat_host, "auto": auto_host},
+        "one_host_runs_s": one_host,  # every run's median step: the spread
         "one_host_auto_over_flat": auto_host / flat_host,
         "repeats": len(rounds),
         "goals": GOALS,
