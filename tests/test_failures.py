@@ -29,6 +29,7 @@ import pytest
 from tests.mpi_pool import REPO, mpi_env, mpirun_command, run_watched
 from zero_ref.app.data import encode_corpus
 from zero_ref.app.failure import CollectiveError, FailureGuard, step_started
+from zero_ref.app.interrupts import WAIT_S
 from zero_ref.comm.signatures import ScheduleMismatchError, check_agreement, signature
 from zero_ref.io.metrics_log import read_jsonl
 from zero_ref.layout.flat import build_layout, rank_rows
@@ -601,11 +602,14 @@ def interrupted_job(sig: signal.Signals, world: int = 3) -> subprocess.Completed
             if line.startswith("step 2"):
                 break
         job.send_signal(sig)
+        sent = time.monotonic()
         out, err = job.communicate(timeout=120)
+        done = subprocess.CompletedProcess(job.args, job.returncode, out, err)
+        done.seconds_after_signal = time.monotonic() - sent
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
-    return subprocess.CompletedProcess(job.args, job.returncode, out, err)
+    return done
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
@@ -618,7 +622,12 @@ def test_an_interrupt_prints_one_line_from_rank_0_every_time(sig, code):
         lines = re.findall(r"interrupt_job: interrupted at step (\d+) \((\w+)\)", done.stderr)
         assert done.returncode == code, done.stderr
         assert len(lines) == 1 and lines[0][1] == sig.name, done.stderr
-        assert "rank 0 in comm 0" in done.stderr, done.stderr  # MPICH names who aborted
+        # Rank 0 aborted: ranks 1 and 2 wait WAIT_S and more before they speak, so the job
+        # ended sooner than that, and MPICH's abort line, where it came, names rank 0.
+        # (Hydra may end the job before it forwards that line from the aborting rank's
+        # pipe: seen in about 1 of 3 runs under pytest, at both signals.)
+        assert done.seconds_after_signal < WAIT_S, done.seconds_after_signal
+        assert "Abort(" not in done.stderr or "rank 0 in comm 0" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
 
 

@@ -35,7 +35,7 @@ BASE_ARGS = ["--stage", "3", "--nvme-path", "/tmp"]
 # path to an existing file: --init's file is read to hash it).
 WORDS = (
     "fp16", "bf16", "fp32", "nvme", "cpu", "gpu", "yes", "skip", "cosine", "constant", "thread",
-    "x",
+    "flat", "x",
 )  # fmt: skip
 
 
