@@ -10,6 +10,10 @@ One rank (COMM_SELF), fp32, deterministic, blocking, a tiny GPT; one untraced st
               of them that are not comm/ or optim/ (what the engine itself adds);
   stack       the frames between train_step and adamw_kernel, both counted, when the
               kernel is called: how deep the data path is;
+  grad path   the frames a reader follows from backward's gradient to the kernel: the
+              deepest zero_ref stack below the backward loop (forward_backward, not
+              counted) that the window's reduction reaches, plus the update's stack
+              below train_step down to adamw_kernel (both counted);
   step        every zero_ref line executed in the step (sys.settrace 'line' events,
               each (file, line) once), the functions and the files they lie in, and
               the lines those files hold; the model's own code (zero_ref/models/, the
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -67,6 +72,7 @@ class Window:
     def __init__(self) -> None:
         self.calls: list[str] | None = None  # None: not recording
         self.stack: list[str] = []
+        self.reduction_stack: list[str] = []  # the deepest below forward_backward
         self.done = False
 
     def __call__(self, frame, event, arg) -> None:
@@ -82,6 +88,22 @@ class Window:
             self.done = True
             return
         self.calls.append(name_of(frame.f_code))
+        below = zero_ref_frames_below(frame, "forward_backward")
+        if below is not None and len(below) > len(self.reduction_stack):
+            self.reduction_stack = below
+
+
+def zero_ref_frames_below(frame, caller: str) -> list[str] | None:
+    """The zero_ref frames from `caller` (not counted) down to `frame`, outermost first;
+    None when `caller` is not on the stack."""
+    stack = []
+    while frame is not None:
+        if frame.f_code.co_name == caller:
+            return stack[::-1]
+        if rel(frame.f_code.co_filename) is not None:
+            stack.append(name_of(frame.f_code))
+        frame = frame.f_back
+    return None
 
 
 def stack_from_train_step(frame) -> list[str]:
@@ -161,6 +183,8 @@ def measure(build, model, batch) -> dict:
         "window_functions": distinct,
         "stack_depth": len(window.stack),
         "stack": window.stack,
+        "grad_path_frames": len(window.reduction_stack) + len(window.stack) - 1,
+        "reduction_stack": window.reduction_stack,
         "step": step_figures(lines),
     }
 
@@ -184,17 +208,55 @@ def measure_both() -> dict:
     }
 
 
+# docs/stages.md's table: the start of each row -> the figure it quotes for an engine
+ROWS = {
+    "| frames from `train_step`": lambda e: e["stack_depth"],
+    "| frames from backward's gradient": lambda e: e["grad_path_frames"],
+    "| distinct zero_ref functions": lambda e: e["window_zero_ref_functions"],
+    "| ... of them outside comm/": lambda e: e["window_engine_functions"],
+    "| zero_ref lines executed": lambda e: e["step"]["engine_side"]["executed_lines"],
+    "| ... in files": lambda e: e["step"]["engine_side"]["files"],
+    "| lines those files hold": lambda e: e["step"]["engine_side"]["lines_in_those_files"],
+}
+STAGES_MD = PACKAGE.parent / "docs" / "stages.md"
+
+
+def update_page(result: dict, page: Path = STAGES_MD) -> None:
+    """Write the figures into docs/stages.md's table rows (their words stay as written)."""
+    lines = page.read_text().splitlines(keepends=True)
+    for n, line in enumerate(lines):
+        start = next((s for s in ROWS if line.startswith(s)), None)
+        if start is not None:
+            cells = line.rstrip("\n").strip("|").split("|")
+            figures = [f" {ROWS[start](result[e]):,} " for e in ("minimal", "full")]
+            lines[n] = "|" + "|".join([cells[0], *figures]) + "|\n"
+    text = "".join(lines)
+    model = result["minimal"]["step"]["model"]
+    said = f"{model['executed_lines']} lines executed in {model['files']} files"
+    text = re.sub(r"\d+ lines executed in \d+ files", said, text, count=1)
+    functions = result["minimal"]["window_zero_ref_functions"]
+    said = f"minimal engine's {functions} functions"
+    text = re.sub(r"minimal engine's \d+ functions", said, text)
+    page.write_text(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--list", action="store_true", help="print the functions and stacks")
+    parser.add_argument(
+        "--update-docs", action="store_true", help="write the figures into docs/stages.md"
+    )
     args = parser.parse_args()
     result = measure_both()
+    if args.update_docs:
+        update_page(result)
     if args.list:
         for name in ("minimal", "full"):
             print(f"{name}: window", *result[name]["window_functions"], sep="\n  ")
             print(f"{name}: stack", *result[name]["stack"], sep="\n  ")
+            print(f"{name}: reduction stack", *result[name]["reduction_stack"], sep="\n  ")
     for name in ("minimal", "full"):  # the JSON line keeps the counts, not the lists
-        for key in ("window_functions", "stack"):
+        for key in ("window_functions", "stack", "reduction_stack"):
             result[name].pop(key)
         for side in result[name]["step"].values():
             side.pop("file_list")

@@ -129,10 +129,11 @@ class Comm(NonBlockingCollectives):
         return (self.size - 1) * n_block * itemsize
 
     def _timed(
-        self, kind: str, n_block: int, factor: int, fn: Callable[[], None], itemsize: int = 4
+        self, kind: str, n_block: int, factor: int, itemsize: int, fn: Callable, *args
     ) -> None:
+        """fn(*args), timed and booked in the ledger as factor x (W-1) blocks each way."""
         nbytes = factor * self._block_bytes(n_block, itemsize)
-        self.ledger.run(kind, nbytes, nbytes, fn)
+        self.ledger.run(kind, nbytes, nbytes, fn, *args)
 
     # ---- sums across ranks
     def reduce_scatter_sum(self, send: np.ndarray, recv: np.ndarray) -> None:
@@ -147,12 +148,12 @@ class Comm(NonBlockingCollectives):
         """reduce_scatter_sum on checked buffers."""
         self._agree("reduce_scatter", recv.size, self.arrays.dtype_name(send))
         if send.dtype != _F32:
-            fn = lambda: sum_16bit_words(self.mpi, send, recv, self.arrays)  # noqa: E731
+            fn, args = sum_16bit_words, (self.mpi, send, recv, self.arrays)
         elif recv.dtype != _F32:
-            fn = lambda: self._reduce_scatter_rounded(send, recv)  # noqa: E731
+            fn, args = self._reduce_scatter_rounded, (send, recv)
         else:
-            fn = lambda: self.reduction.reduce_scatter(self.mpi, send, recv, self.arrays)  # noqa: E731
-        self._timed("reduce_scatter", recv.size, 1, fn, send.dtype.itemsize)
+            fn, args = self.reduction.reduce_scatter, (self.mpi, send, recv, self.arrays)
+        self._timed("reduce_scatter", recv.size, 1, send.dtype.itemsize, fn, *args)
 
     def reduce_scatter_quantized(
         self, send: np.ndarray, recv: np.ndarray, starts: np.ndarray, packed: QuantizedBuffers
@@ -167,8 +168,8 @@ class Comm(NonBlockingCollectives):
         self.arrays.sync()
         kind = f"reduce_scatter_int{packed.bits}"
         self._agree(kind, recv.size, f"blocks {len(starts)}")
-        fn = lambda: sum_quantized(self.mpi, send, recv, starts, packed, self.arrays)  # noqa: E731
-        self._timed(kind, packed.send.shape[1], 1, fn, 1)
+        args = (self.mpi, send, recv, starts, packed, self.arrays)
+        self._timed(kind, packed.send.shape[1], 1, 1, sum_quantized, *args)
 
     def reduce_scatter_quantized_two_hops(
         self, send: np.ndarray, recv: np.ndarray, starts: np.ndarray, packed: QuantizedBuffers, hops
@@ -206,12 +207,8 @@ class Comm(NonBlockingCollectives):
             self._allgather_in_place(buf)
             return
         self._agree("allreduce", buf.size)
-        self._timed(
-            "allreduce",
-            buf.size // self.size,
-            2,
-            lambda: self.reduction.allreduce(self.mpi, buf, self.arrays),
-        )
+        args = (self.mpi, buf, self.arrays)
+        self._timed("allreduce", buf.size // self.size, 2, 4, self.reduction.allreduce, *args)
 
     def allreduce_sum_into(self, send: np.ndarray, recv: np.ndarray) -> None:
         """recv (W*n,) <- sum over ranks of send (W*n,), when the two dtypes differ
@@ -228,8 +225,8 @@ class Comm(NonBlockingCollectives):
         """recv (W*n,) <- every rank's send (n,), in rank order; `kind` names it in the ledger."""
         self._check(recv, send)
         self._agree("allgather", send.size, self.arrays.dtype_name(send))
-        fn = lambda: self.mpi.Allgather(words_of(send), words_of(recv))  # noqa: E731
-        self._timed(kind, send.size, 1, fn, send.dtype.itemsize)
+        args = (words_of(send), words_of(recv))
+        self._timed(kind, send.size, 1, send.dtype.itemsize, self.mpi.Allgather, *args)
 
     def allgather_bytes(
         self, send: np.ndarray, recv: np.ndarray, kind: str = "allgather_int8"
@@ -239,8 +236,7 @@ class Comm(NonBlockingCollectives):
         check_bytes(send, recv, self.size)
         self.arrays.sync()
         self._agree("allgather", send.size, "uint8")
-        fn = lambda: self.mpi.Allgather(send, recv)  # noqa: E731
-        self._timed(kind, send.size, 1, fn, 1)
+        self._timed(kind, send.size, 1, 1, self.mpi.Allgather, send, recv)
 
     def allgather_in_place(self, buf: np.ndarray) -> None:
         """buf (W*n,): block r <- rank r's block r, for every r (MPI_IN_PLACE)."""
@@ -250,8 +246,9 @@ class Comm(NonBlockingCollectives):
     def _allgather_in_place(self, buf: np.ndarray) -> None:
         """allgather_in_place on a checked buffer."""
         self._agree("allgather", buf.size // self.size, self.arrays.dtype_name(buf))
-        fn = lambda: self.mpi.Allgather(MPI.IN_PLACE, words_of(buf))  # noqa: E731
-        self._timed("allgather", buf.size // self.size, 1, fn, buf.dtype.itemsize)
+        args = (MPI.IN_PLACE, words_of(buf))
+        n, itemsize = buf.size // self.size, buf.dtype.itemsize
+        self._timed("allgather", n, 1, itemsize, self.mpi.Allgather, *args)
 
     def gather_to_root(self, send: np.ndarray, recv: np.ndarray | None, kind: str) -> None:
         """recv (W*n,) on rank 0 <- every rank's send (n,), in rank order; other ranks

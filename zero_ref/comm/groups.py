@@ -129,8 +129,8 @@ class BookedAs:
     def __init__(self, ledger, kind: str) -> None:
         self.ledger, self.kind = ledger, kind
 
-    def run(self, kind: str, sent_bytes: int, recv_bytes: int, fn) -> None:
-        self.ledger.run(self.kind, sent_bytes, recv_bytes, fn)
+    def run(self, kind: str, sent_bytes: int, recv_bytes: int, fn, *args) -> None:
+        self.ledger.run(self.kind, sent_bytes, recv_bytes, fn, *args)
 
     def record(self, kind: str, sent_bytes: int, recv_bytes: int, seconds: float) -> None:
         self.ledger.record(self.kind, sent_bytes, recv_bytes, seconds)

@@ -1,32 +1,68 @@
-"""The ZeRO stage ladder, and the engine a configuration asks for (Sec. 5 of the paper).
+"""The ZeRO stage ladder as data, and the engine a configuration asks for (Sec. 5).
 
-Each stage is a subclass of the one below it and adds exactly one thing:
+A stage is two parts: how each rank holds the parameters and how it holds and reduces
+the gradients. Each stage swaps one part for the one its row of the paper adds (the
+optimizer state's partition, P_os, changes both parts of stage 0: each rank updates
+only its rows, so the gradient it needs is its slice and the parameters are gathered
+after the update):
 
-  Stage0DataParallel      baseline: full replicas, gradients all-reduced
-  Stage1OptimizerSharded  + optimizer state partitioned (P_os)
-  Stage2GradientsSharded  + gradients partitioned, reduce-scattered in buckets (P_os+g)
-  Stage3ParamsSharded     + parameters partitioned, gathered per unit (P_os+g+p)
+  stage  params              grads                 partitions (Sec. 5)
+  0      ReplicatedParams    AllReducedGrads       nothing: data parallelism
+  1      ShardUpdatedParams  ReduceScatteredGrads  + optimizer state (P_os)
+  2      ShardUpdatedParams  ShardedGrads          + gradients (P_os+g)
+  3      GatheredParams      ShardedGrads          + parameters (P_os+g+p)
 
-Its own module, not the package's __init__: every `zero_ref.engine.X` import runs that
-__init__, and one that imported the stages would tie each stage to itself in a circle.
+`sharded(stage)` (the formulas' ladder, zero_ref/memory_formulas.py) says which model
+states a stage partitions; the table below must agree with it (tests/test_ladder.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
 from zero_ref.comm.collectives import Comm
 from zero_ref.config import ZeroConfig
+from zero_ref.engine.engine import Engine
 from zero_ref.engine.hooks import EngineHooks
-from zero_ref.engine.stage0 import Stage0DataParallel
-from zero_ref.engine.stage1 import Stage1OptimizerSharded
-from zero_ref.engine.stage2 import Stage2GradientsSharded
-from zero_ref.engine.stage3 import Stage3ParamsSharded
+from zero_ref.engine.stage0 import AllReducedGrads, ReplicatedParams
+from zero_ref.engine.stage1 import ReduceScatteredGrads, ShardUpdatedParams
+from zero_ref.engine.stage2 import ShardedGrads
+from zero_ref.engine.stage3 import GatheredParams
+from zero_ref.memory_formulas import sharded
 from zero_ref.models.unit import Model
 
-LADDER = (Stage0DataParallel, Stage1OptimizerSharded, Stage2GradientsSharded, Stage3ParamsSharded)
+
+@dataclass(frozen=True)
+class Stage:
+    """One row of the ladder: the stage's number and its two parts."""
+
+    stage: int
+    params: type  # built as params(ctx, new_master), then params.fill(source)
+    grads: type  # built as grads(ctx, divisor)
+
+    @property
+    def optimizer_sharded(self) -> bool:
+        """P_os: m, v and the master weights kept as shards (every stage above 0)."""
+        return "optimizer" in sharded(self.stage)
+
+
+def _all_reduced(ctx, divisor) -> AllReducedGrads:
+    return AllReducedGrads(ctx)
+
+
+def _reduce_scattered(ctx, divisor) -> ReduceScatteredGrads:
+    return ReduceScatteredGrads(ctx)
+
+
+STAGES = (
+    Stage(0, ReplicatedParams, _all_reduced),
+    Stage(1, ShardUpdatedParams, _reduce_scattered),
+    Stage(2, ShardUpdatedParams, ShardedGrads),
+    Stage(3, GatheredParams, ShardedGrads),
+)
 
 
 def make_engine(
@@ -35,7 +71,7 @@ def make_engine(
     cfg: ZeroConfig,
     comm: Comm,
     hooks: EngineHooks | None = None,
-) -> Stage0DataParallel:
+) -> Engine:
     """The engine for cfg.stage, holding this rank's share of the model; `hooks`: named
     points a tool acts at (zero_ref/engine/hooks.py), none by default."""
-    return LADDER[cfg.stage](model, init_params, cfg, comm, hooks)
+    return Engine(STAGES[cfg.stage], model, init_params, cfg, comm, hooks)

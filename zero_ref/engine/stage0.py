@@ -6,85 +6,153 @@ all-reduced, in chunks of bucket_numel elements so that MPI's temporaries stay
 bounded (MPICH's in-place all-reduce allocates half the buffer it is given);
 every rank then runs the same AdamW step on the whole buffer.
 
-The loop all stages share is engine/step.py; the policies every stage uses
-(precision, stores, the collective schedule) are chosen in engine/base.py.
+A stage is two parts the engine composes (engine/ladder.py's table): how it holds
+the parameters (here ReplicatedParams) and how it holds and reduces the gradients
+(here AllReducedGrads). The loop every stage shares is engine/step.py; the policies
+(precision, stores, the collective schedule) are chosen once in engine/engine.py.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 import numpy as np
 
 from zero_ref.comm.collectives import Comm
-from zero_ref.engine.base import EngineBase
+from zero_ref.engine.context import StageContext
 from zero_ref.engine.init_source import InitSource
 from zero_ref.layout.buckets import bucket_columns
-from zero_ref.layout.flat import Owned, tensor_views
+from zero_ref.layout.flat import Owned, UnitLayout, tensor_views
 
 
-class Stage0DataParallel(EngineBase):
-    """Full replicas everywhere; Allreduce of the gradients."""
+def zeroed_scratch(scratch: np.ndarray, unit: UnitLayout) -> np.ndarray:
+    """The gradient scratch for `unit`, its padding zero (backward writes the rest)."""
+    scratch[unit.numel : unit.padded_numel] = 0
+    return scratch[: unit.padded_numel]
 
-    stage = 0
 
-    def _init_params(self, source: InitSource) -> None:
-        """The full parameters and, with 16-bit ones, the optimizer's float32 master
-        weights (full at stage 0), filled unit by unit from the source."""
-        n, p = self.layout.full_numel, self.precision
-        self.full_params = self.place.zeros("params", "full_params", n, p.param)
-        self.master = p.master_for(self.full_params, self._new_master)
-        self._init_compute_scratch()
-        self._fill_params(source)
+class ReplicatedParams:
+    """Every rank holds the full parameters and, with 16-bit ones, the full float32
+    master weights; the update writes them all, so no collective follows it."""
 
-    def _fill_params(self, source: InitSource) -> None:
-        """Parameters from the source (creation, or resuming): the float32 values go
-        to the master weights, rounded once into the 16-bit parameters."""
-        for unit in self.layout.units:
-            self._fill(source, unit, self.master[unit.full_slice()], 0, unit.padded_numel)
-        self.precision.round_master(self.place, self.full_params, self.master)
+    def __init__(self, ctx: StageContext, new_master: Callable[[], np.ndarray]) -> None:
+        n, p = ctx.layout.full_numel, ctx.precision
+        self.ctx = ctx
+        self.full_params = ctx.place.zeros("params", "full_params", n, p.param)
+        self.master = p.master_for(self.full_params, new_master)
+        self.param_scratch = p.param_scratch(ctx.place, ctx.layout.widest_unit_numel)
 
-    def _init_grads(self) -> None:
-        n, dtype = self.layout.full_numel, self.precision.grad
-        self.full_grads = self.place.zeros("grads", "full_grads", n, dtype)
-        self.grad_acc = self.full_grads
-        if self.cfg.grad_accum > 1:
-            self.grad_acc = self.place.zeros("grads", "full_grad_acc", n, dtype)
-        self._init_grad_scratch()
-        self.allreduce_staging = self.precision.allreduce_staging(
-            self.place, min(self._allreduce_chunk(), n)
-        )
+    def fill(self, source: InitSource) -> None:
+        """Parameters from the source (at creation, and when resuming): the float32
+        values go to the master weights, rounded once into the 16-bit parameters."""
+        for unit in self.ctx.layout.units:
+            self.ctx.fill(source, unit, self.master[unit.full_slice()], 0, unit.padded_numel)
+        self.ctx.precision.round_master(self.ctx.place, self.full_params, self.master)
 
-    def _optimizer_numel(self) -> int:
-        return self.layout.full_numel
+    def read(self, i: int, upcoming: Iterable = (), forward: bool = False) -> dict:
+        """Unit i's parameters as the model reads them: float32 ones as they are, 16-bit
+        ones widened (exactly) into the float32 scratch. (`upcoming`: the reads that
+        follow, for a stage that gathers ahead; unused here.)"""
+        unit = self.ctx.layout.units[i]
+        flat = self.full_params[unit.full_slice()]
+        widened = self.ctx.precision.widened(self.ctx.place, self.param_scratch, flat)
+        return tensor_views(widened, unit)
 
-    def unit_params(self, i: int, upcoming=(), forward: bool = False) -> dict[str, np.ndarray]:
-        """Unit i's parameters as the model reads them (`upcoming`: the units the step
-        reads next, in order, for a stage that gathers ahead; unused here)."""
-        unit = self.layout.units[i]
-        return tensor_views(self._widened(self.full_params[unit.full_slice()]), unit)
+    def release(self, i: int, forward: bool = False) -> None:
+        """Compute is done with unit i: nothing to free (stage 3 frees its gathered copy)."""
+
+    def owned(self, grads: AllReducedGrads, exp_avg, exp_avg_sq) -> list[Owned]:
+        """The whole buffers: this rank updates every parameter."""
+        return [Owned(self.full_params, grads.grad_acc, self.master, exp_avg, exp_avg_sq)]
+
+    def kept_whole(self) -> tuple[np.ndarray, ...]:
+        """The parameter state this rank keeps whole: the master weights."""
+        return (self.master,)
+
+    def after_update(self) -> None:
+        """Every rank updated every parameter: nothing to gather."""
+
+    def settle(self) -> None:
+        """No collective of the parameters is ever in flight here."""
+
+    def gathers(self) -> None:
+        """No unit is gathered (stage 3 counts its gathers)."""
+        return None
+
+    def lender(self, default: Callable[[], np.ndarray]) -> Callable[[], np.ndarray]:
+        """Where rank 0 receives a sharded unit when state is streamed: the default."""
+        return default
+
+    def close(self) -> None:
+        """Nothing of its own to free."""
+
+
+class FullGradients:
+    """A full-size gradient buffer that backward writes (stages 0 and 1): in place, or
+    with 16-bit gradients through one unit's float32 scratch, rounded once into it."""
+
+    qgz_local_size = None  # no quantized gradients here (stage 1's reduce-scatter has)
+
+    def __init__(self, ctx: StageContext) -> None:
+        self.ctx = ctx
+        n, dtype = ctx.layout.full_numel, ctx.precision.grad
+        self.full_grads = ctx.place.zeros("grads", "full_grads", n, dtype)
+
+    def _init_scratch(self) -> None:
+        widest = self.ctx.layout.widest_unit_numel
+        self.unit_grad_scratch = self.ctx.precision.grad_scratch(self.ctx.place, widest)
 
     def unit_grads(self, i: int) -> dict[str, np.ndarray]:
         """Where backward writes unit i's float32 gradients: the gradient buffer itself,
         or (16-bit gradients) the float32 scratch."""
-        unit = self.layout.units[i]
+        unit = self.ctx.layout.units[i]
         full = self.full_grads[unit.full_slice()]
-        target = self.precision.backward_target(full, lambda: self._zeroed_scratch(unit))
-        return tensor_views(target, unit)
+        scratch = lambda: zeroed_scratch(self.unit_grad_scratch, unit)  # noqa: E731
+        return tensor_views(self.ctx.precision.backward_target(full, scratch), unit)
 
-    def on_unit_backward_done(self, i: int, micro: int) -> None:
-        """16-bit gradients: round the unit's float32 scratch once into the buffer.
-        (Stage 2 reduce-scatters full buckets here.)"""
-        dst = self.full_grads[self.layout.units[i].full_slice()]
-        self.precision.store_unit_grads(self.place, dst, self.unit_grad_scratch)
+    def unit_done(self, i: int, micro: int) -> None:
+        """16-bit gradients: round the unit's float32 scratch once into the buffer."""
+        dst = self.full_grads[self.ctx.layout.units[i].full_slice()]
+        self.ctx.precision.store_unit_grads(self.ctx.place, dst, self.unit_grad_scratch)
+
+    def norm(self, grads, divisor: np.float32, compute, comm: Comm | None) -> float:
+        """The global norm of grads / divisor (comm: who holds the rest of the gradient)."""
+        return compute.grad_norm(grads, divisor, comm, self.ctx.cfg.deterministic)
+
+    def first_nonfinite(self, grads, compute) -> int | None:
+        """Position of the first NaN/Inf in this rank's owned gradients, or None."""
+        return compute.first_nonfinite(grads)
+
+    streamed_rows = 0  # rows of each offload pool buffer set the gradient takes (none)
+
+    def close(self) -> None:
+        """Nothing of its own to free."""
+
+
+class AllReducedGrads(FullGradients):
+    """Stage 0's gradients: all-reduced after each micro-step's backward, in chunks;
+    with grad_accum > 1 summed into a second buffer (the oracle's order)."""
+
+    def __init__(self, ctx: StageContext) -> None:
+        super().__init__(ctx)
+        n = ctx.layout.full_numel
+        self.grad_acc = self.full_grads
+        if ctx.cfg.grad_accum > 1:
+            self.grad_acc = ctx.place.zeros("grads", "full_grad_acc", n, ctx.precision.grad)
+        self._init_scratch()
+        chunk = self._allreduce_chunk()
+        self.allreduce_staging = ctx.precision.allreduce_staging(ctx.place, min(chunk, n))
 
     def _allreduce_chunk(self) -> int:
-        return bucket_columns(self.cfg.bucket_numel, self.world) * self.world
+        world = self.ctx.comm.size
+        return bucket_columns(self.ctx.cfg.bucket_numel, world) * world
 
-    def on_backward_done(self, micro: int) -> None:
+    def backward_done(self, micro: int) -> None:
         """All-reduce the gradients in chunks; staged when the wire's dtype is another."""
-        chunk = self._allreduce_chunk()
-        for start in range(0, self.layout.full_numel, chunk):
+        chunk, schedule = self._allreduce_chunk(), self.ctx.schedule
+        for start in range(0, self.ctx.layout.full_numel, chunk):
             grads = self.full_grads[start : start + chunk]
-            self.schedule.wait(self.schedule.allreduce_chunk(self.allreduce_staging, grads))
+            schedule.wait(schedule.allreduce_chunk(self.allreduce_staging, grads))
         if self.grad_acc is not self.full_grads:
             self._accumulate(self.grad_acc, self.full_grads, first=micro == 0)
 
@@ -94,19 +162,4 @@ class Stage0DataParallel(EngineBase):
         if first:
             dst[...] = src
         else:
-            self.place.accumulate_rounded(dst, src)
-
-    def owned_slices(self) -> list[Owned]:
-        """(param, grad, master, exp_avg, exp_avg_sq) 1-D views this rank updates; master
-        is param itself when parameters are float32."""
-        return [Owned(self.full_params, self.grad_acc, self.master, self.exp_avg, self.exp_avg_sq)]
-
-    def _kept_whole(self) -> tuple[np.ndarray, ...]:
-        return (self.master, self.exp_avg, self.exp_avg_sq)
-
-    def norm_comm(self) -> Comm | None:
-        """Who holds the other parts of the gradient (None: this rank holds all of it)."""
-        return None
-
-    def after_update(self) -> None:
-        """Stages 1-2 all-gather the updated parameters here."""
+            self.ctx.place.accumulate_rounded(dst, src)

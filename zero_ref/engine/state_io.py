@@ -34,7 +34,7 @@ class StateIO:
         gathered one unit at a time into a landing buffer on rank 0 only)."""
         self.settle()
         self.comm.set_context(where="consolidate")
-        lend = self._lend_unit_buffer()  # on every rank: stage 3 lends its gathered unit
+        lend = self.params.lender(self._landing_buffer)  # stage 3 lends its gathered unit
         landing = None  # rank 0's, made when a sharded buffer first needs it
         for unit in self.layout.units:
             for kind in kinds:
@@ -72,25 +72,24 @@ class StateIO:
         the master weights and, rounded, the 16-bit parameters, as at creation."""
         self.settle()
         if kind == "param":
-            self._fill_params(source)
+            self.params.fill(source)
         else:
             whole, shard = self.state_buffers(kind)
             for unit in self.layout.units:
                 if whole is not None:
-                    self._fill(source, unit, whole[unit.full_slice()], 0, unit.padded_numel)
+                    self.ctx.fill(source, unit, whole[unit.full_slice()], 0, unit.padded_numel)
                 else:
                     lo = shard_range(unit.padded_numel, self.shard_rank, self.shard_world).offset
-                    self._fill(source, unit, shard[unit.shard_slice()], lo, lo + unit.shard_numel)
+                    self.ctx.fill(
+                        source, unit, shard[unit.shard_slice()], lo, lo + unit.shard_numel
+                    )
                     self.release_pages(shard[unit.shard_slice()])
         self.release_offloaded()
 
-    def _lend_unit_buffer(self) -> Callable[[], np.ndarray]:
+    def _landing_buffer(self) -> np.ndarray:
         """Where rank 0 receives a sharded unit: a buffer of the widest unit, made on
         first use and held while streaming (stage 3 lends its idle gathered-unit buffer
         instead: zero_ref/engine/gathered_unit.py)."""
-        return lambda: self._landing_buffer()
-
-    def _landing_buffer(self) -> np.ndarray:
         return self.place.empty("buffers", "landing", self.layout.widest_unit_numel)
 
     def state_buffers(self, kind: str) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -101,5 +100,7 @@ class StateIO:
         return (buffer[kind], None) if whole else (None, buffer[kind])
 
     def _kept_whole(self) -> tuple[np.ndarray, ...]:
-        """The state buffers this rank keeps whole (stage 0: all; each stage says)."""
-        raise NotImplementedError
+        """The state buffers this rank keeps whole: the parameters' as the stage holds
+        them, and m and v unless the optimizer state is sharded (stage 0 keeps all)."""
+        optimizer = () if self.optimizer_sharded else (self.exp_avg, self.exp_avg_sq)
+        return (*self.params.kept_whole(), *optimizer)

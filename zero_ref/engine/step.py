@@ -1,10 +1,10 @@
 """The step every stage shares (ZeRO, Sec. 5): forward through the units, the loss,
 backward in reverse, the update phase; and what a step reports.
 
-A stage says where memory lives and which collectives run through the hooks this
-loop calls (unit_params, which is also told the units the loop reads next, so
-stage 3 can gather them ahead; release_unit_params, unit_grads, on_unit_backward_done,
-on_backward_done, owned_slices, norm_comm, after_update); the order of the
+A stage says where memory lives and which collectives run through its two parts,
+which this loop calls: `self.params` (read, which is also told the units the loop
+reads next, so stage 3 can gather them ahead; release; after_update) and
+`self.grads` (unit_grads, unit_done, backward_done, norm); the order of the
 forward, backward and update is written here once, so every stage runs it the
 same and the oracle (zero_ref/oracle.py) can follow it. The order of the units'
 reads, and what follows each, is engine/unit_order.py's.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -36,7 +37,8 @@ class StepResult:
 
 
 class SharedStep:
-    """The loop of Sec. 5 every stage runs; the stage classes supply its hooks."""
+    """The loop of Sec. 5 every stage runs; the stage's parts (engine/ladder.py) say
+    where each state lives and which collectives move it."""
 
     # ---- the loop every stage shares
     def train_step(
@@ -77,11 +79,11 @@ class SharedStep:
         for i, unit in enumerate(self.model.units):
             self.comm.set_context(where=f"micro-step {micro} forward {unit.name}")
             x_in = x
-            params = self.unit_params(i, after_forward(i, n), forward=True)  # stage 3 gathers here
+            params = self.params.read(i, after_forward(i, n), forward=True)  # stage 3 gathers
             with self._span(f"forward {unit.name}", micro=micro):
                 x, cache = unit.forward(params, x)
             params = None
-            self.release_unit_params(i, forward=True)
+            self.params.release(i, forward=True)
             self.schedule.poke()  # a unit boundary: let what is in flight progress
             kept.append(x_in if self.cfg.checkpoint_activations else cache)
             cache = None
@@ -91,21 +93,21 @@ class SharedStep:
             unit = self.model.units[i]
             self.comm.set_context(where=f"micro-step {micro} backward {unit.name}")
             more = micro < self.cfg.grad_accum - 1  # the next micro-step's forward follows
-            params = self.unit_params(i, after_backward(i, n, more))
+            params = self.params.read(i, after_backward(i, n, more))
             with self._span(f"backward {unit.name}", micro=micro):
                 if self.cfg.checkpoint_activations:
                     cache = unit.forward(params, kept[i])[1]  # the forward again, for its cache
                 else:
                     cache = kept[i]
                 kept[i] = None
-                dout = unit.backward(params, cache, dout, self.unit_grads(i))
+                dout = unit.backward(params, cache, dout, self.grads.unit_grads(i))
             cache = None
-            self.release_unit_params(i)
+            self.params.release(i)
             self.hooks.after_unit_backward(self, i, micro)
-            self.on_unit_backward_done(i, micro)
+            self.grads.unit_done(i, micro)  # reduced now, or kept for after backward
             self.schedule.poke()
         self.comm.set_context(where=f"micro-step {micro} gradient reduction")
-        self.on_backward_done(micro)
+        self.grads.backward_done(micro)
         return loss
 
     def _span(self, name: str, lane: str = "compute", **args):
@@ -113,18 +115,6 @@ class SharedStep:
         return nullcontext() if self.trace is None else self.trace.span(name, lane, **args)
 
     def optimizer_step(self, lr: float | None = None) -> float:
-        """The update phase, timed on the trace's optimizer lane (see _optimizer_step),
-        named after the run's step it attempts: a skipped step (fp16 overflow) is one
-        too, marked so, though the optimizer's own count does not advance."""
-        trying = getattr(self.trace, "step", None) or self.step_count + 1  # no trace: unused
-        with self._span(f"optimizer step {trying}", "optimizer") as args:
-            steps_before = self.step_count
-            norm = self._optimizer_step(lr)
-            if args is not None:
-                args.update(skipped=self.step_count == steps_before, adamw_step=self.step_count)
-            return norm
-
-    def _optimizer_step(self, lr: float | None = None) -> float:
         """Average and unscale, clip by the global norm, AdamW on the owned slices;
         returns the norm.
 
@@ -137,32 +127,33 @@ class SharedStep:
         leaves params, optimizer state and the step count untouched on every rank.
         fp16's scaler then moves (zero_ref/optim/loss_scale.py). The compute policy
         says where it runs: on the update's own arrays, or (ZeRO-Offload) on host
-        copies of the gradients, the parameters moved back up after."""
-        self.comm.set_context(where="optimizer step")
-        owned = self.compute.owned_for_update(self.owned_slices())
-        divisor = self._grad_divisor()
-        grads = [o.grad for o in owned]
-        self.hybrid.allreduce(grads)  # hybrid sharding: summed across the shard groups
-        norm = self._grad_norm(grads, divisor)
-        skip = not math.isfinite(norm) and self._skip_nonfinite(grads)
-        self.scaler = self.precision.next_scaler(self.cfg.loss_scale, self.scaler, skip)
-        if skip:
+        copies of the gradients, the parameters moved back up after. On the trace's
+        optimizer lane the phase is named after the run's step it attempts: a skipped
+        step (fp16 overflow) is one too, marked so."""
+        trying = getattr(self.trace, "step", None) or self.step_count + 1  # no trace: unused
+        with self._span(f"optimizer step {trying}", "optimizer") as span:
+            self.comm.set_context(where="optimizer step")
+            owned = self.compute.owned_for_update(self.owned_slices())
+            divisor = self._grad_divisor()
+            grads = [o.grad for o in owned]
+            self.hybrid.allreduce(grads)  # hybrid sharding: summed across the shard groups
+            norm = self._grad_norm(grads, divisor)
+            skip = not math.isfinite(norm) and self._skip_nonfinite(grads)
+            self.scaler = self.precision.next_scaler(self.cfg.loss_scale, self.scaler, skip)
+            if not skip:
+                self.step_count += 1
+                coef = clip_coefficient(norm, self.cfg.clip)
+                step = self.hooks.bias_correction_step(self.step_count)
+                s = adamw_scalars(with_lr(self.cfg.optimizer, lr), step)
+                # each piece (a RAM chunk or an offloaded sub-group): unscale, clip, AdamW
+                # on the master, round into the params
+                update = partial(self.compute.update, divisor=divisor, coef=coef, s=s)
+                self.optimizer_store.run(owned, update)  # in chunks, or streamed from swap
+                self.compute.finish_update()
+                self.params.after_update()  # stages 1-2 gather the updated rows; 3 drops its copy
+            if span is not None:
+                span.update(skipped=skip, adamw_step=self.step_count)
             return norm
-        self.step_count += 1
-        coef = clip_coefficient(norm, self.cfg.clip)
-        s = adamw_scalars(
-            with_lr(self.cfg.optimizer, lr), self.hooks.bias_correction_step(self.step_count)
-        )
-
-        def update(param, grad, master, exp_avg, exp_avg_sq) -> None:
-            """One piece (a RAM chunk or an offloaded sub-group): unscale, clip, AdamW on
-            the master, round into the params."""
-            self.compute.update(param, grad, master, exp_avg, exp_avg_sq, divisor, coef, s)
-
-        self.optimizer_store.run(owned, update)  # in chunks, or streamed from swap files
-        self.compute.finish_update()
-        self.after_update()
-        return norm
 
     def _grad_divisor(self) -> np.float32:
         """W k S: the stored gradient over this is the mean AdamW sees (S: loss scale)."""
@@ -170,11 +161,11 @@ class SharedStep:
 
     def _grad_norm(self, grads: list[np.ndarray], divisor: np.float32) -> float:
         """The global norm of grads / divisor (stages 2-3 ask their gradient shard)."""
-        return self.compute.grad_norm(grads, divisor, self.norm_comm(), self.cfg.deterministic)
+        return self.grads.norm(grads, divisor, self.compute, self.norm_comm())
 
     def _first_nonfinite(self, grads: list[np.ndarray]) -> int | None:
         """Position of the first NaN/Inf in this rank's owned gradients, or None."""
-        return self.compute.first_nonfinite(grads)
+        return self.grads.first_nonfinite(grads, self.compute)
 
     def _skip_nonfinite(self, grads: list[np.ndarray]) -> bool:
         """Find the first NaN/Inf over all ranks; with fp16 (an overflow) or the "skip"
@@ -197,6 +188,6 @@ class SharedStep:
         at stage 3, which gathers each unit: every rank must call it with the same x)."""
         n = len(self.model.units)
         for i, unit in enumerate(self.model.units):
-            x, _ = unit.forward(self.unit_params(i, phase(range(i + 1, n), True), forward=True), x)
-            self.release_unit_params(i, forward=True)
+            x, _ = unit.forward(self.params.read(i, phase(range(i + 1, n), True), forward=True), x)
+            self.params.release(i, forward=True)
         return self.place.to_host(x)  # a device's output copied to host memory
