@@ -27,8 +27,8 @@ PACKAGE = ROOT / "zero_ref"
 LAYERS: list[tuple[str, ...]] = [
     ("layout",),  # who owns which bytes: pure integer math
     # each imports nothing of the package:
-    ("errors", "array_module", "threads", "io", "rank_order", "rounding", "cuda_math", "quantize"),
-    ("zero_ref",),  # the package __init__: __version__, the thread budget (threads)
+    ("runtime", "array_module", "io", "rank_order", "rounding", "cuda_math", "quantize"),
+    ("zero_ref",),  # the package __init__: __version__, the thread budget (runtime.threads)
     ("config",),  # every frozen config, validated once
     ("dtypes", "rounding_cuda"),  # the roundings (HostArrays) and their CUDA twins
     ("memory_formulas",),  # each rank's bytes per stage: integers (and ElementBytes) in and out
