@@ -26,11 +26,10 @@ PACKAGE = ROOT / "zero_ref"
 # layers below it, never one above, nor one beside it in the same tier.
 LAYERS: list[tuple[str, ...]] = [
     ("layout",),  # who owns which bytes: pure integer math
-    # each imports nothing of the package:
-    ("runtime", "array_module", "io", "rank_order", "rounding", "cuda_math", "quantize"),
+    # each imports nothing of the package outside itself:
+    ("runtime", "io", "numerics"),
     ("zero_ref",),  # the package __init__: __version__, the thread budget (runtime.threads)
     ("config",),  # every frozen config, validated once
-    ("dtypes", "rounding_cuda"),  # the roundings (HostArrays) and their CUDA twins
     ("memory_formulas",),  # each rank's bytes per stage: integers (and ElementBytes) in and out
     ("optim",),  # the update phase's kernels, each beside its NumPy twin (and CUDA's)
     ("gpu",),  # device arrays and copies, the device's placement and compute policies

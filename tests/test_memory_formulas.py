@@ -10,7 +10,6 @@ from mpi4py import MPI
 
 from zero_ref.comm.collectives import Comm
 from zero_ref.config import ZeroConfig
-from zero_ref.dtypes import element_bytes
 from zero_ref.engine.ladder import make_engine
 from zero_ref.memory_formulas import (
     LADDER,
@@ -21,6 +20,7 @@ from zero_ref.memory_formulas import (
     sharded,
 )
 from zero_ref.models.unit import init_params
+from zero_ref.numerics.dtypes import element_bytes
 from zero_ref.testing.replay import ReplayModel
 
 

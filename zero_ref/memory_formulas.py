@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from zero_ref.dtypes import FP32, ElementBytes
 from zero_ref.layout.buckets import bucket_columns
 from zero_ref.layout.grad_blocks import plan_blocks
-from zero_ref.quantize import SCALE_BYTES, segment_payload_bytes
+from zero_ref.numerics.dtypes import FP32, ElementBytes
+from zero_ref.numerics.quantize import SCALE_BYTES, segment_payload_bytes
 
 CATEGORIES = ("params", "grads", "optimizer", "buffers")  # the memory ledger's
 LADDER = ("optimizer", "grads", "params")  # what stages 1, 2 and 3 each add to the sharding
@@ -288,7 +288,7 @@ def quantized_reduce_bytes(
 
 
 def quantized_gather_bytes(numel: int, block: int) -> int:
-    """Bytes of numel values quantized (zero_ref/quantize.py): numel int8 values and a
+    """Bytes of numel values quantized (zero_ref/numerics/quantize.py): numel int8 values and a
     float32 scale per block. A qwZ row's size in memory (quantized_gather_buffers) and,
     for a padded unit, one quantized gather's bytes over all ranks (comm/ledger.py's
     traffic formulas; what a rank sends is (W-1)/W of it)."""

@@ -31,8 +31,8 @@ from zero_ref.layout.buckets import plan_buckets
 from zero_ref.layout.flat import build_layout, rank_rows, tensor_views
 from zero_ref.layout.grad_blocks import bucket_block_starts
 from zero_ref.models.unit import init_params
+from zero_ref.numerics.quantize import LEVELS, quantized_rows
 from zero_ref.oracle import Oracle
-from zero_ref.quantize import LEVELS, quantized_rows
 
 
 def shard_matrix(oracle: Oracle, layout, row: np.ndarray) -> np.ndarray:

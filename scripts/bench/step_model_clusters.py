@@ -14,7 +14,7 @@ import itertools
 
 from bench_common import add_record_flag, emit
 
-from zero_ref.dtypes import ElementBytes
+from zero_ref.numerics.dtypes import ElementBytes
 from zero_ref.step_model import Cluster, Link, Workload, predict
 
 ASSUMPTIONS = {

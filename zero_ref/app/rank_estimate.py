@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zero_ref.app.cli import Parsed
-from zero_ref.dtypes import ElementBytes, element_bytes
 from zero_ref.layout.flat import FlatLayout, layout_align, model_layout
 from zero_ref.memory_formulas import (
     FP32,
@@ -34,6 +33,7 @@ from zero_ref.memory_formulas import (
 from zero_ref.models.gpt import GPT
 from zero_ref.models.mlp import CharMLP
 from zero_ref.models.unit import Model
+from zero_ref.numerics.dtypes import ElementBytes, element_bytes
 from zero_ref.offload.swap_file import ALIGN
 
 # What a rank holds above its baseline that nothing here counts: malloc's heap in
