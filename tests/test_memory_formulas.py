@@ -1,4 +1,4 @@
-"""zero_ref/memory_formulas.py: the stage ladder written once, and each buffer the
+"""zero_ref/formulas/memory.py: the stage ladder written once, and each buffer the
 engine keeps, by its ledger name, what the formula says (not only their sum)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from mpi4py import MPI
 from zero_ref.comm.collectives import Comm
 from zero_ref.config import ZeroConfig
 from zero_ref.engine.ladder import make_engine
-from zero_ref.memory_formulas import (
+from zero_ref.formulas.memory import (
     LADDER,
     buffer_bytes,
     group_size_of,

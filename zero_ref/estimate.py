@@ -3,7 +3,7 @@ ZeRO stage, estimated from the flags alone, as DeepSpeed's
 estimate_zero3_model_states_mem_needs_all_cold prints it; nothing is run.
 
 The command line only. The estimate is zero_ref/app/rank_estimate.py (on the
-formulas of zero_ref/memory_formulas.py, which the engine's ledger is
+formulas of zero_ref/formulas/memory.py, which the engine's ledger is
 checked against), its words zero_ref/app/estimate_messages.py; their public names
 are importable from here too. Measured against real runs: docs/memory.md.
 """

@@ -67,10 +67,10 @@ import numpy as np
 
 from zero_ref.comm.hier_order import two_level_sum
 from zero_ref.config import AdamWConfig, ZeroConfig
+from zero_ref.formulas.memory import group_size_of
 from zero_ref.layout.buckets import bucket_plan
 from zero_ref.layout.flat import build_layout, layout_align, rank_rows
 from zero_ref.layout.grad_blocks import bucket_block_starts
-from zero_ref.memory_formulas import group_size_of
 from zero_ref.models.unit import Model, loss_and_grads, unit_params_view
 from zero_ref.numerics.dtypes import dtype_of, rounded
 from zero_ref.numerics.quantize import quantized_copy, quantized_rows
