@@ -35,8 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("comm",),  # the only mpi4py importer: host and device (staged) collectives
     ("formulas",),  # each rank's bytes per stage; the step time, the ledger's bytes priced
     ("models",),  # units with hand-written backward, on NumPy or the device's module
-    ("oracle",),  # what one process holding everything computes
-    ("oracle_bound",),
+    ("oracle",),  # what one process holding everything computes, and fast mode's bound
     ("check",),  # another framework's run against the single-rank math (no MPI, torch optional)
     ("offload",),  # ZeRO-Infinity's NVMe tier
     ("engine",),  # the stage ladder and the policies it plugs in

@@ -6,7 +6,7 @@ loop calls (unit_params, which is also told the units the loop reads next, so
 stage 3 can gather them ahead; release_unit_params, unit_grads, on_unit_backward_done,
 on_backward_done, owned_slices, norm_comm, after_update); the order of the
 forward, backward and update is written here once, so every stage runs it the
-same and the oracle (zero_ref/oracle.py) can follow it. The order of the units'
+same and the oracle (zero_ref/oracle/single_rank.py) can follow it. The order of the units'
 reads, and what follows each, is engine/unit_order.py's.
 """
 

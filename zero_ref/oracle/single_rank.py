@@ -113,7 +113,7 @@ class GradientBlocks:
 @dataclass(frozen=True)
 class StepDetail:
     """What the last step used, for bounding how far a reordered sum may move it
-    (zero_ref/oracle_bound.py). Flat float32 arrays in the oracle's order."""
+    (zero_ref/oracle/bound.py). Flat float32 arrays in the oracle's order."""
 
     grad_abs_mean: np.ndarray  # sum over ranks and micro-steps of |g[j][r]|, / (W k)
     grad: np.ndarray  # the mean gradient after clipping: what AdamW was given
