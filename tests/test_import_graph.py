@@ -40,9 +40,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("offload",),  # ZeRO-Infinity's NVMe tier
     ("engine",),  # the stage ladder and the policies it plugs in
     ("checkpoint",),  # save, resume, reshard, consolidate
-    ("app",),  # the command line and what a run needs around the engine
-    ("consolidate", "estimate"),  # the commands
-    ("train",),  # the training command (it asks estimate whether the run fits)
+    ("app",),  # the command line, what a run needs around the engine, estimate, consolidate
+    ("train",),  # the training command: `python -m zero_ref.train` (app/ does the work)
     ("testing",),  # test and script helpers: nothing above imports them
 ]
 

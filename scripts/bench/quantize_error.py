@@ -5,7 +5,7 @@
 
 For the default GPT (or the flags given after --): every unit's parameters (the
 initial draws of its seed, or a trained run's from --weights, e.g. a checkpoint
-consolidated by `python -m zero_ref.consolidate`), rounded to the run's precision,
+consolidated by `python -m zero_ref.app.consolidate`), rounded to the run's precision,
 cut into blocks of --block elements of the unit (zero_ref/numerics/quantize.py: the blocks
 stage 3's qwZ gathers, at any world size), quantized and dequantized; per block the
 relative error max |x - x'| / amax, whose bound is 0.5 / 127 (half an int8 step;

@@ -6,7 +6,7 @@ layout with the formulas the engine's ledger is checked against
 Activations are counted from the shapes the GPT and MLP units keep for
 backward, plus the transients of the backward pass at its worst moment. No MPI
 here: zero_ref/app/estimate_messages.py turns the estimate into a refusal
-before the first step, or into the table `python -m zero_ref.estimate` prints.
+before the first step, or into the table `python -m zero_ref.app.estimate` prints.
 Not counted: the single-rank oracle that --check-oracle keeps on rank 0 (a
 debugging mode for small models). Measured against real runs: docs/memory.md.
 """

@@ -4,7 +4,7 @@ The one place the ladder is written: stage s shards the first s of `LADDER`
 (optimizer state, then gradients, then parameters), and every count below asks
 `sharded(stage)` what it divides by Nd. The engine's ledger checks
 (zero_ref/engine/memory.py, the swap files and the offload pool), the estimate
-(zero_ref/estimate.py) and the end-of-run report (zero_ref/app/report.py) all
+(zero_ref/app/estimate.py) and the end-of-run report (zero_ref/app/report.py) all
 count with these functions, so they cannot drift apart. No MPI, no arrays:
 element counts and `ElementBytes` (bytes per element of each kind of array) in,
 bytes or element counts out.
