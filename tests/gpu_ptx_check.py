@@ -1,4 +1,4 @@
-"""Compiles zero_ref's CUDA kernels (zero_ref/optim/*_cuda.py, zero_ref/rounding_cuda.py,
+"""Compiles zero_ref's CUDA kernels (zero_ref/optim/*_cuda.py, zero_ref/numerics/rounding_cuda.py,
 zero_ref/models/layers_cuda.py) to PTX for a real GPU (no GPU needed, only NVVM) and
 prints, as JSON, the floating-point instructions each one contains; run by
 tests/test_gpu_kernels.py as
@@ -15,7 +15,7 @@ error (numba-cuda broken by this NumPy, say) is raised, and the script exits 1.
 
     NUMBA_ENABLE_CUDASIM=0 python tests/gpu_ptx_check.py --launch
 
-also compiles one tiny kernel through libdevice (zero_ref.cuda_math's fdiv_rn and
+also compiles one tiny kernel through libdevice (zero_ref.numerics.cuda_math's fdiv_rn and
 fsqrt_rn) and runs it on the GPU, and exits 1 unless its result is bitwise NumPy's:
 scripts/tools/gpu_check.sh's env phase, so that a compiler break fails in seconds, with its
 cause, before any other phase spends the lease on it.
@@ -33,9 +33,10 @@ os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
 import numpy as np  # noqa: E402
 from numba import cuda, types  # noqa: E402
 
-# cuda_math (which every kernel imports) restores np.row_stack for numba-cuda on NumPy 2.5
-from zero_ref import cuda_math, rounding_cuda  # noqa: E402
 from zero_ref.models import layers_cuda  # noqa: E402
+
+# cuda_math (which every kernel imports) restores np.row_stack for numba-cuda on NumPy 2.5
+from zero_ref.numerics import cuda_math, rounding_cuda  # noqa: E402
 from zero_ref.optim import adamw_cuda, gradnorm_cuda  # noqa: E402
 
 f32, F32 = types.float32, types.float32[::1]

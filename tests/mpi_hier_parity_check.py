@@ -21,7 +21,7 @@ from zero_ref.comm.reduction import OrderedReduction
 from zero_ref.config import AdamWConfig, ZeroConfig
 from zero_ref.engine.ladder import make_engine
 from zero_ref.models.unit import init_params
-from zero_ref.oracle import Oracle
+from zero_ref.oracle.single_rank import Oracle
 from zero_ref.testing.engine_state import full_parameters
 from zero_ref.testing.replay import ReplayModel
 

@@ -26,7 +26,7 @@ from zero_ref.comm.choose import comm_for
 from zero_ref.config import ZeroConfig
 from zero_ref.engine.ladder import make_engine
 from zero_ref.models.unit import init_params
-from zero_ref.oracle import Oracle
+from zero_ref.oracle.single_rank import Oracle
 from zero_ref.testing.replay import ReplayModel
 
 UNITS = [("u0", [("w", (37, 5))]), ("u1", [("w", (9,)), ("b", (4, 4))]), ("u2", [("w", (300,))])]

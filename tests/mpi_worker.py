@@ -35,7 +35,7 @@ from zero_ref.layout.flat import tensor_views
 from zero_ref.layout.grad_blocks import plan_wire
 from zero_ref.models.unit import init_params
 from zero_ref.optim.loss_scale import LossScaleConfig
-from zero_ref.oracle import GradientBlocks, Oracle
+from zero_ref.oracle.single_rank import GradientBlocks, Oracle
 from zero_ref.testing.engine_state import full_parameters
 from zero_ref.testing.replay import ReplayModel
 

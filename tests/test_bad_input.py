@@ -145,7 +145,7 @@ def test_export_and_consolidate_into_a_rank_file_leave_the_checkpoint_intact(tmp
     assert job.stderr.count(ERROR) == 1 and "lies inside the checkpoint" in job.stderr
     assert str(rank_file) in job.stderr and "Traceback" not in job.stderr
     out = subprocess.run(
-        [sys.executable, "-m", "zero_ref.consolidate", str(ckpt), str(rank_file)],
+        [sys.executable, "-m", "zero_ref.app.consolidate", str(ckpt), str(rank_file)],
         cwd=REPO,
         capture_output=True,
         text=True,

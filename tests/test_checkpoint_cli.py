@@ -1,5 +1,5 @@
 """Checkpoints end to end, through `python -m zero_ref.train` and
-`python -m zero_ref.consolidate` (docs/checkpoints.md).
+`python -m zero_ref.app.consolidate` (docs/checkpoints.md).
 
 A run of 2k steps and a run stopped after k steps and resumed for k more (at
 another stage) export the same bits; a save killed half-way, or between its
@@ -63,7 +63,7 @@ def train(world: int, *flags: str, env: dict[str, str] | None = None) -> Finishe
 
 def consolidate(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "zero_ref.consolidate", *map(str, args)],
+        [sys.executable, "-m", "zero_ref.app.consolidate", *map(str, args)],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -489,7 +489,7 @@ def test_a_moot_key_says_so_as_its_flag_does(tmp_path):
 def test_the_live_budget_is_checked_only_at_stage_3():
     """stage3_max_live_parameters at stage 1 was refused as below "what stage 3 must hold"."""
     from zero_ref.config import ZeroConfig
-    from zero_ref.memory_formulas import overlap_buffers
+    from zero_ref.formulas.memory import overlap_buffers
 
     for stage in (0, 1, 2):
         overlap_buffers([100, 300], ZeroConfig(stage=stage, max_live_numel=5))

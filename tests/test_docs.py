@@ -39,7 +39,7 @@ def test_the_stage_tables_are_what_the_formulas_give():
 # parsed by the real parsers and the output-path rules on a fresh clone, and the
 # tutorials' cheap ones run, scaled down.
 
-PARSERS_CHECKED = ("zero_ref.train", "zero_ref.estimate", "zero_ref.consolidate")
+PARSERS_CHECKED = ("zero_ref.train", "zero_ref.app.estimate", "zero_ref.app.consolidate")
 
 
 class _Parsed(Exception):
@@ -88,12 +88,12 @@ def check_command(cmd, clone: Path, monkeypatch, capsys) -> None:
         from zero_ref.app.output_paths import check_output_paths
 
         check_output_paths(parse_args(args, cmd.world or 1).run)
-    elif cmd.module == "zero_ref.estimate":
-        from zero_ref import estimate
+    elif cmd.module == "zero_ref.app.estimate":
+        from zero_ref.app import estimate
 
         assert estimate.main(args) == 0, capsys.readouterr().err
-    elif cmd.module == "zero_ref.consolidate":
-        from zero_ref.consolidate import build_parser
+    elif cmd.module == "zero_ref.app.consolidate":
+        from zero_ref.app.consolidate import build_parser
 
         build_parser().parse_args(args)
     elif cmd.module == "zero_ref.check":
@@ -272,7 +272,7 @@ def test_each_example_config_is_the_default_run_at_its_stage(config):
 
 
 def masked_estimate(text: str) -> list[str]:
-    """zero_ref.estimate's table without what depends on the host: the memory
+    """zero_ref.app.estimate's table without what depends on the host: the memory
     available, and the fits / largest-model columns."""
     lines = []
     for line in text.strip().splitlines():
@@ -285,13 +285,13 @@ def masked_estimate(text: str) -> list[str]:
 
 
 def test_memory_pages_estimate_is_what_the_estimate_prints(capsys):
-    """docs/memory.md's example output of `python -m zero_ref.estimate` is what that
+    """docs/memory.md's example output of `python -m zero_ref.app.estimate` is what that
     command prints now, but for the host's memory."""
-    from zero_ref import estimate
+    from zero_ref.app import estimate
 
     page = (DOCS / "memory.md").read_text()
     found = re.search(
-        r"```bash\n(python -m zero_ref\.estimate [^\n]*)\n```\n\n```text\n(.*?)```", page, re.S
+        r"```bash\n(python -m zero_ref\.app\.estimate [^\n]*)\n```\n\n```text\n(.*?)```", page, re.S
     )
     assert found, "docs/memory.md lost its estimate example"
     assert estimate.main(found[1].split()[3:]) == 0
@@ -305,8 +305,8 @@ def test_memory_pages_estimate_is_what_the_estimate_prints(capsys):
         ("mpirun -n 2 python -m zero_ref.train --log-jsonl runs/a.jsonl", "UsageError"),
         ("python -m zero_ref.train --export out.npz", "UsageError"),
         ("mpirun -n 3 python -m zero_ref.train --batch-size 32 --micro-batch-size 8", "UsageError"),
-        ("python -m zero_ref.consolidate ckpt", "SystemExit"),
-        ("python -m zero_ref.estimate --ranks 0", "AssertionError"),
+        ("python -m zero_ref.app.consolidate ckpt", "SystemExit"),
+        ("python -m zero_ref.app.estimate --ranks 0", "AssertionError"),
         ("python scripts/docs/plot_trace.py runs/x.json --outt a.png", "SystemExit"),
     ],
 )

@@ -1,4 +1,4 @@
-"""zero_ref.estimate: the model-state part equals the engine's ledger to the byte, the
+"""zero_ref.app.estimate: the model-state part equals the engine's ledger to the byte, the
 activation part is within 15 % of what one forward + backward really allocates, and
 the refusal before the first step names its numbers and the flags that lower them."""
 
@@ -11,11 +11,7 @@ import pytest
 from mpi4py import MPI
 
 from zero_ref.app.cli import UsageError, parse_args
-from zero_ref.comm.choose import comm_for
-from zero_ref.config import ZeroConfig
-from zero_ref.engine.init_source import RandomInit
-from zero_ref.engine.ladder import make_engine
-from zero_ref.estimate import (
+from zero_ref.app.estimate import (
     activation_bytes,
     check_fits,
     estimate_for,
@@ -24,6 +20,10 @@ from zero_ref.estimate import (
     mem_available_bytes,
     model_for,
 )
+from zero_ref.comm.choose import comm_for
+from zero_ref.config import ZeroConfig
+from zero_ref.engine.init_source import RandomInit
+from zero_ref.engine.ladder import make_engine
 from zero_ref.models.gpt import GPT, GPTConfig
 from zero_ref.models.mlp import CharMLP, MLPConfig
 

@@ -1,5 +1,5 @@
 """--check-oracle flags a NaN or Inf on one side of the comparison, whatever the bound
-(zero_ref/oracle_bound.py's worst_violation).
+(zero_ref/oracle/bound.py's worst_violation).
 
 No reordering of sums turns a finite value into NaN or Inf, so an element that is
 non-finite on one side only (or Inf on both with opposite signs, or NaN against
@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from zero_ref.oracle_bound import RESULT_ULPS, U, worst_violation
+from zero_ref.oracle.bound import RESULT_ULPS, U, worst_violation
 
 NONFINITE = (np.nan, np.inf, -np.inf)
 finite32 = st.floats(-1e6, 1e6, width=32)

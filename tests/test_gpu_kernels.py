@@ -2,9 +2,9 @@
 
 In CI they run in numba-cuda's simulator (tests/conftest.py sets NUMBA_ENABLE_CUDASIM=1);
 scripts/tools/gpu_check.sh runs the same tests on a real GPU, where the libdevice `_rn`
-spelling is what keeps them bitwise (zero_ref/cuda_math.py). Each kernel sits beside its twin:
-zero_ref/rounding_cuda.py, zero_ref/optim/{adamw,gradnorm,nonfinite}_cuda.py,
-zero_ref/models/layers_cuda.py."""
+spelling is what keeps them bitwise (zero_ref/numerics/cuda_math.py). Each kernel sits
+beside its twin: zero_ref/numerics/rounding_cuda.py,
+zero_ref/optim/{adamw,gradnorm,nonfinite}_cuda.py, zero_ref/models/layers_cuda.py."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from zero_ref import cuda_math, rounding_cuda
 from zero_ref.config import AdamWConfig
-from zero_ref.dtypes import round_into
+from zero_ref.numerics import cuda_math, rounding_cuda
+from zero_ref.numerics.dtypes import round_into
 from zero_ref.optim import adamw_cuda, gradnorm_cuda, nonfinite_cuda
 from zero_ref.optim.adamw import adamw_reference, adamw_scalars
 from zero_ref.optim.gradnorm import sumsq_bins_reference, unscale_and_clip
@@ -103,7 +103,7 @@ def test_16_bit_rounding_and_widening_are_their_twins(dtype, n):
 def test_16_bit_roundings_of_the_hard_values_are_the_cpu_kernels_bits(dtype):
     """Ties both ways, overflow to Inf, both formats' subnormals, float32 subnormals,
     +-0, +-Inf, quiet and signalling NaNs with payloads (tests/test_rounding.py's list):
-    the device's bits are the CPU kernels' (zero_ref/rounding.py), NaN rule and all;
+    the device's bits are the CPU kernels' (zero_ref/numerics/rounding.py), NaN rule and all;
     and fp16 widening of every special 16-bit result and of fp16's NaNs is exact."""
     from tests.test_rounding import SPECIAL_BITS, awkward_bits
 

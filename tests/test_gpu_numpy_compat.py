@@ -1,4 +1,4 @@
-"""zero_ref.cuda_math's np.row_stack shim: numba-cuda (0.22.2 to 0.30.4 at least) registers
+"""zero_ref.numerics.cuda_math's np.row_stack shim: numba-cuda (0.22.2 to 0.30.4 at least) registers
 an overload of np.row_stack at the CUDA target's first compile with no NumPy version
 guard, and NumPy 2.5 removed row_stack, so without the shim every kernel fails to compile
 there ("module 'numpy' has no attribute 'row_stack'"). Not gpu-marked: plain CPU checks."""
@@ -12,7 +12,7 @@ import types
 import numpy as np
 
 from tests.mpi_pool import REPO
-from zero_ref.cuda_math import provide_row_stack
+from zero_ref.numerics.cuda_math import provide_row_stack
 
 
 def numpy_like(**names) -> types.ModuleType:
@@ -59,7 +59,7 @@ def test_importing_a_kernel_gives_numpy_row_stack_before_anything_compiles():
 
 def test_every_module_with_a_cuda_kernel_imports_the_shim():
     """A kernel compiles only after its module is imported; each such module imports
-    zero_ref.cuda_math at its top, so the shim has run by then."""
+    zero_ref.numerics.cuda_math at its top, so the shim has run by then."""
     kernels = [
         path
         for path in (REPO / "zero_ref").rglob("*.py")
@@ -67,6 +67,6 @@ def test_every_module_with_a_cuda_kernel_imports_the_shim():
     ]
     assert len(kernels) >= 5, kernels
     for path in kernels:
-        assert "from zero_ref.cuda_math import" in path.read_text() or (
-            "from zero_ref import cuda_math" in path.read_text()
+        assert "from zero_ref.numerics.cuda_math import" in path.read_text() or (
+            "from zero_ref.numerics import cuda_math" in path.read_text()
         ), path

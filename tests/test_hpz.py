@@ -21,12 +21,12 @@ from zero_ref.comm.choose import comm_for
 from zero_ref.comm.groups import group_ranks
 from zero_ref.comm.ledger import HierarchicalGathers
 from zero_ref.config import ZeroConfig
-from zero_ref.dtypes import ElementBytes
 from zero_ref.engine.gathered_unit import gathers_by_kind
 from zero_ref.engine.ladder import make_engine
+from zero_ref.formulas.memory import prefetch_plan
 from zero_ref.layout.grad_blocks import GradientWire
-from zero_ref.memory_formulas import prefetch_plan
 from zero_ref.models.unit import init_params
+from zero_ref.numerics.dtypes import ElementBytes
 from zero_ref.testing.replay import ReplayModel
 
 

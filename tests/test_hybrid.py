@@ -23,7 +23,7 @@ from zero_ref.config import AdamWConfig, ZeroConfig
 from zero_ref.engine.hybrid import replica_pieces, replica_sent_bytes
 from zero_ref.engine.ladder import make_engine
 from zero_ref.models.unit import init_params
-from zero_ref.oracle import Oracle
+from zero_ref.oracle.single_rank import Oracle
 from zero_ref.testing.replay import ReplayModel
 
 

@@ -26,26 +26,22 @@ PACKAGE = ROOT / "zero_ref"
 # layers below it, never one above, nor one beside it in the same tier.
 LAYERS: list[tuple[str, ...]] = [
     ("layout",),  # who owns which bytes: pure integer math
-    # each imports nothing of the package:
-    ("errors", "array_module", "threads", "io", "rank_order", "rounding", "cuda_math", "quantize"),
-    ("zero_ref",),  # the package __init__: __version__, the thread budget (threads)
+    # each imports nothing of the package outside itself:
+    ("runtime", "io", "numerics"),
+    ("zero_ref",),  # the package __init__: __version__, the thread budget (runtime.threads)
     ("config",),  # every frozen config, validated once
-    ("dtypes", "rounding_cuda"),  # the roundings (HostArrays) and their CUDA twins
-    ("memory_formulas",),  # each rank's bytes per stage: integers (and ElementBytes) in and out
     ("optim",),  # the update phase's kernels, each beside its NumPy twin (and CUDA's)
     ("gpu",),  # device arrays and copies, the device's placement and compute policies
     ("comm",),  # the only mpi4py importer: host and device (staged) collectives
-    ("step_model",),  # the alpha-beta step time: the ledger's bytes priced per link (no MPI)
+    ("formulas",),  # each rank's bytes per stage; the step time, the ledger's bytes priced
     ("models",),  # units with hand-written backward, on NumPy or the device's module
-    ("oracle",),  # what one process holding everything computes
-    ("oracle_bound",),
+    ("oracle",),  # what one process holding everything computes, and fast mode's bound
     ("check",),  # another framework's run against the single-rank math (no MPI, torch optional)
     ("offload",),  # ZeRO-Infinity's NVMe tier
     ("engine",),  # the stage ladder and the policies it plugs in
     ("checkpoint",),  # save, resume, reshard, consolidate
-    ("app",),  # the command line and what a run needs around the engine
-    ("consolidate", "estimate"),  # the commands
-    ("train",),  # the training command (it asks estimate whether the run fits)
+    ("app",),  # the command line, what a run needs around the engine, estimate, consolidate
+    ("train",),  # the training command: `python -m zero_ref.train` (app/ does the work)
     ("testing",),  # test and script helpers: nothing above imports them
 ]
 

@@ -21,7 +21,7 @@ def test_the_training_entry_point_does_not_import_ml_dtypes() -> None:
 
 def test_asking_for_bf16_imports_it_once() -> None:
     code = (
-        "import sys; from zero_ref.dtypes import DTYPES, dtype_of, name_of\n"
+        "import sys; from zero_ref.numerics.dtypes import DTYPES, dtype_of, name_of\n"
         "assert list(DTYPES) == ['fp32', 'fp16', 'bf16'] and 'ml_dtypes' not in sys.modules\n"
         "d = dtype_of('bf16'); assert DTYPES['bf16'] is d and name_of(d) == 'bf16'\n"
         "print(d.name, 'ml_dtypes' in sys.modules)"
@@ -35,8 +35,8 @@ def test_bf16_arrays_made_outside_round_and_widen_with_the_kernels() -> None:
     # cast fails this test. 1 + 2^-8 is a tie (to even: 1); 1 + 3 * 2^-9 rounds up.
     code = (
         "import ml_dtypes, numpy as np\n"
-        "from zero_ref import rounding\n"
-        "from zero_ref.dtypes import round_into, widen_into, HOST\n"
+        "from zero_ref.numerics import rounding\n"
+        "from zero_ref.numerics.dtypes import round_into, widen_into, HOST\n"
         "x = np.array([1 + 2**-8, 1 + 3 * 2**-9, -0.0, np.inf, 0], np.float32)\n"
         "x.view(np.uint32)[4] = 0xFF800001\n"
         "y = round_into(np.empty(5, ml_dtypes.bfloat16), x)\n"

@@ -1,4 +1,4 @@
-"""zero_ref/memory_formulas.py: the stage ladder written once, and each buffer the
+"""zero_ref/formulas/memory.py: the stage ladder written once, and each buffer the
 engine keeps, by its ledger name, what the formula says (not only their sum)."""
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ from mpi4py import MPI
 
 from zero_ref.comm.collectives import Comm
 from zero_ref.config import ZeroConfig
-from zero_ref.dtypes import element_bytes
 from zero_ref.engine.ladder import make_engine
-from zero_ref.memory_formulas import (
+from zero_ref.formulas.memory import (
     LADDER,
     buffer_bytes,
     group_size_of,
@@ -21,6 +20,7 @@ from zero_ref.memory_formulas import (
     sharded,
 )
 from zero_ref.models.unit import init_params
+from zero_ref.numerics.dtypes import element_bytes
 from zero_ref.testing.replay import ReplayModel
 
 

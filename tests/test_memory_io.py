@@ -14,7 +14,6 @@ from zero_ref.app.cli import parse_args
 from zero_ref.comm.collectives import Comm
 from zero_ref.comm.ledger import paper_sent_bytes
 from zero_ref.config import ZeroConfig
-from zero_ref.dtypes import element_bytes
 from zero_ref.engine.ladder import make_engine
 from zero_ref.engine.memory import (
     CATEGORIES,
@@ -26,6 +25,7 @@ from zero_ref.engine.memory import (
 from zero_ref.io.atomic import atomic_write, atomic_write_bytes
 from zero_ref.io.tensor_io import load_named, save_safetensors
 from zero_ref.models.unit import init_params
+from zero_ref.numerics.dtypes import element_bytes
 from zero_ref.testing.engine_state import full_parameters
 from zero_ref.testing.replay import ReplayModel
 

@@ -9,11 +9,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from zero_ref.array_module import array_module
 from zero_ref.models.gpt import GPT, GPTConfig
 from zero_ref.models.layers import gelu_forward, layernorm_forward
 from zero_ref.models.mlp import CharMLP, MLPConfig
 from zero_ref.models.unit import init_params, loss_and_grads
+from zero_ref.numerics.array_module import array_module
 from zero_ref.testing.emulated_device import EMULATED, DeviceArray, to_device
 
 GPT_TINY = GPTConfig(vocab_size=13, context=6, n_layer=2, n_head=2, d_model=8)

@@ -45,7 +45,7 @@ SHARED_NAMES = {
     "first_nonfinite": "a kernel and its CUDA twin (optim/nonfinite*.py)",
     "sumsq_bins": "a kernel and its CUDA twin (optim/gradnorm*.py)",
     "unscale_and_clip": "a kernel and its CUDA twin (optim/gradnorm*.py)",
-    "round_into": "the rounding and its CUDA twin (dtypes.py, rounding_cuda.py)",
+    "round_into": "the rounding and its CUDA twin (numerics/dtypes.py, numerics/rounding_cuda.py)",
     "default_text": "two meanings (the corpus, a setting's default): the names engineer's",
     "initial_state": "two meanings (loss scale, check's oracle): the names engineer's",
 }

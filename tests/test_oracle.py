@@ -1,5 +1,5 @@
 """The single-rank oracle used as a library, without MPI: it must do exactly
-what zero_ref/oracle.py's docstring says, in that order, in float32."""
+what zero_ref/oracle/single_rank.py's docstring says, in that order, in float32."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from zero_ref.config import AdamWConfig
 from zero_ref.models.unit import init_params
 from zero_ref.optim.adamw import adamw_reference, adamw_scalars
 from zero_ref.optim.gradnorm import clip_coefficient, sumsq_exact_reference
-from zero_ref.oracle import Oracle
+from zero_ref.oracle.single_rank import Oracle
 from zero_ref.testing.replay import ReplayModel
 
 SHAPES = {"a.w": (3, 4), "a.b": (4,), "b.s": (), "b.e": (0, 2), "c.v": (7,)}

@@ -1,5 +1,5 @@
 """--check-oracle in fast mode: a one-step bound that holds for any run length and
-still catches real bugs at the step they happen (zero_ref/oracle_bound.py).
+still catches real bugs at the step they happen (zero_ref/oracle/bound.py).
 
 In-process, the oracle is raced against itself with the ranks summed in other
 orders (each a legal MPI association): the bound must hold at every step. End
@@ -15,8 +15,8 @@ from tests.mpi_pool import mpi_env, mpirun_command, run_watched
 from zero_ref.comm.ledger import expected_sent_bytes
 from zero_ref.config import AdamWConfig
 from zero_ref.io.metrics_log import read_jsonl
-from zero_ref.oracle import Oracle
-from zero_ref.oracle_bound import worst_violation
+from zero_ref.oracle.bound import worst_violation
+from zero_ref.oracle.single_rank import Oracle
 from zero_ref.testing.oracle_race import BUGS, race
 
 

@@ -17,7 +17,7 @@ from tests.mpi_pool import run_mpi_checks
 from zero_ref.comm.choose import comm_for
 from zero_ref.config import ZeroConfig
 from zero_ref.engine.ladder import make_engine
-from zero_ref.memory_formulas import OverlapBuffers, buffer_bytes, prefetch_plan
+from zero_ref.formulas.memory import OverlapBuffers, buffer_bytes, prefetch_plan
 from zero_ref.models.unit import init_params
 from zero_ref.testing.replay import ReplayModel
 

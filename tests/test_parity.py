@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 
 from tests.test_buckets import expected_bucket_plan
 from zero_ref.comm.ledger import HierarchicalGathers, QuantizedGathers, expected_sent_bytes
-from zero_ref.dtypes import ElementBytes
 from zero_ref.layout.flat import padded_numel
 from zero_ref.layout.grad_blocks import GradientWire
+from zero_ref.numerics.dtypes import ElementBytes
 
 TEXT = "the quick brown fox jumps over the lazy dog; pack my box with five dozen jugs. " * 4
 

@@ -22,10 +22,10 @@ from zero_ref.app.cli import parse_args
 from zero_ref.app.ds_config import ConfigError, parse_config
 from zero_ref.comm.collectives import Comm
 from zero_ref.config import ZeroConfig
-from zero_ref.dtypes import accumulate_rounded, round_into, rounded
 from zero_ref.engine.ladder import make_engine
 from zero_ref.engine.precision import Precision
 from zero_ref.models.unit import ParamSpec, init_params
+from zero_ref.numerics.dtypes import accumulate_rounded, round_into, rounded
 from zero_ref.optim.loss_scale import LossScaleConfig
 from zero_ref.optim.nonfinite import NonFiniteGradientError
 from zero_ref.testing.engine_state import full_parameters
@@ -33,7 +33,7 @@ from zero_ref.testing.engine_state import full_parameters
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
-# ---- the roundings (zero_ref/dtypes.py)
+# ---- the roundings (zero_ref/numerics/dtypes.py)
 
 
 def test_rounding_is_to_nearest_even():

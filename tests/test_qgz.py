@@ -17,18 +17,18 @@ from hypothesis import strategies as st
 from mpi4py import MPI
 
 from zero_ref.app.cli import parse_args
+from zero_ref.app.estimate import estimate_for
 from zero_ref.comm.choose import comm_for
 from zero_ref.comm.ledger import expected_sent_bytes
 from zero_ref.config import ZeroConfig
-from zero_ref.dtypes import FP32
 from zero_ref.engine.init_source import RandomInit
 from zero_ref.engine.ladder import make_engine
-from zero_ref.estimate import estimate_for
+from zero_ref.formulas.memory import quantized_reduce_bytes
 from zero_ref.layout.buckets import plan_buckets
 from zero_ref.layout.grad_blocks import block_starts, plan_blocks, plan_wire
-from zero_ref.memory_formulas import quantized_reduce_bytes
 from zero_ref.models.gpt import GPT, GPTConfig
-from zero_ref.quantize import (
+from zero_ref.numerics.dtypes import FP32
+from zero_ref.numerics.quantize import (
     dequantize_segments4_kernel,
     dequantize_segments4_reference,
     dequantize_segments_kernel,

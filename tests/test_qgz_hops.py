@@ -18,8 +18,8 @@ from zero_ref.app.cli import parse_args
 from zero_ref.comm.groups import group_ranks
 from zero_ref.comm.reduction import first_hop_order, hop_bytes
 from zero_ref.config import AdamWConfig, ZeroConfig
-from zero_ref.oracle import GradientBlocks, Oracle
-from zero_ref.quantize import quantized_rows
+from zero_ref.numerics.quantize import quantized_rows
+from zero_ref.oracle.single_rank import GradientBlocks, Oracle
 
 WORLD, BLOCK, NUMEL = 4, 4, 32  # one unit of 32 elements: 8 a rank, two blocks a row
 UNITS = (("u", (("w", (NUMEL,)),)),)

@@ -1,4 +1,4 @@
-"""qwZ's block quantization (zero_ref/quantize.py): the Numba kernel against its NumPy
+"""qwZ's block quantization (zero_ref/numerics/quantize.py): the Numba kernel against its NumPy
 twin element by element, the rule on ties, zeros, subnormals and non-finite blocks;
 the layout's alignment; and stage 3's forward gather at world sizes 1, 2 and 4
 (tests/mpi_qwz_check.py): the same values, the oracle's, at each."""
@@ -26,7 +26,7 @@ from zero_ref.engine.init_source import RandomInit
 from zero_ref.engine.ladder import make_engine
 from zero_ref.layout.flat import build_layout, check_block_fits
 from zero_ref.models.gpt import GPT, GPTConfig
-from zero_ref.quantize import (
+from zero_ref.numerics.quantize import (
     NonFiniteParameterError,
     dequantize,
     dequantize_kernel,

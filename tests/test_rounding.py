@@ -1,7 +1,7 @@
-"""The 16-bit roundings (zero_ref/rounding.py): each Numba kernel against its NumPy twin
+"""The 16-bit roundings (zero_ref/numerics/rounding.py): each Numba kernel against its NumPy twin
 and against NumPy's / ml_dtypes' casts, element by element and bit for bit, at awkward
 sizes and on the values where rounding is hard; the NaN rule (torch's); and the paths
-of zero_ref/dtypes.py the engine calls, which must run the kernels."""
+of zero_ref/numerics/dtypes.py the engine calls, which must run the kernels."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zero_ref import rounding as R
-from zero_ref.dtypes import HOST, accumulate_rounded, round_into, rounded, widen_into
+from zero_ref.numerics import rounding as R
+from zero_ref.numerics.dtypes import HOST, accumulate_rounded, round_into, rounded, widen_into
 
 FP16, BF16 = np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)
 SIZES = [0, 1, 7, 13, 257, 1021, 4099]  # and primes
@@ -256,7 +256,7 @@ def test_the_kernels_loops_for_adjacent_and_gappy_rows_agree(dtype):
     assert not wide_gappy[:, 1::2].any()
 
 
-# ---- the paths the engine calls (zero_ref/dtypes.py)
+# ---- the paths the engine calls (zero_ref/numerics/dtypes.py)
 
 
 @pytest.mark.parametrize("dtype", [FP16, BF16], ids=["fp16", "bf16"])

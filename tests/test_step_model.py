@@ -1,4 +1,4 @@
-"""zero_ref/step_model.py's algebra at its boundaries: one rank, one host, no latency,
+"""zero_ref/formulas/step_model.py's algebra at its boundaries: one rank, one host, no latency,
 infinite bandwidth, the paper's 1x vs 1.5x volumes, placement and hiding."""
 
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 
 from zero_ref.comm.ledger import stage3_gathers
-from zero_ref.step_model import (
+from zero_ref.formulas.step_model import (
     Cluster,
     Link,
     Workload,

@@ -1,4 +1,4 @@
-"""Each rank's thread budget (zero_ref/threads.py)."""
+"""Each rank's thread budget (zero_ref/runtime/threads.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 def test_a_childs_thread_budget_is_its_own_not_its_parents(monkeypatch):
     """A process that imported zero_ref set one rank's budget; the ranks mpirun starts
     from it must set their own (cores / ranks), while a user's setting still wins."""
-    from zero_ref import threads
+    from zero_ref.runtime import threads
 
     monkeypatch.setattr(threads, "threads_per_rank", lambda: 1)
     parent_set = {"OMP_NUM_THREADS": "2", "NUMBA_NUM_THREADS": "2"}
@@ -28,7 +28,7 @@ def test_once_mpi_counts_the_ranks_on_the_host_numba_and_blas_follow(monkeypatch
     import numba
     from threadpoolctl import threadpool_info
 
-    from zero_ref import threads
+    from zero_ref.runtime import threads
 
     before = numba.get_num_threads()
     monkeypatch.setattr(threads, "usable_cpus", lambda: 8)
@@ -56,7 +56,7 @@ def test_once_mpi_counts_the_ranks_on_the_host_numba_and_blas_follow(monkeypatch
 def test_usable_cpus_are_the_affinity_mask():
     import os
 
-    from zero_ref.threads import usable_cpus
+    from zero_ref.runtime.threads import usable_cpus
 
     assert usable_cpus() == len(os.sched_getaffinity(0))
 

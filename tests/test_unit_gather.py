@@ -22,8 +22,8 @@ from zero_ref.engine.unit_gather import (
     unit_gather_for,
 )
 from zero_ref.engine.unit_order import step_reads
+from zero_ref.formulas.memory import prefetch_plan
 from zero_ref.layout.flat import model_layout
-from zero_ref.memory_formulas import prefetch_plan
 from zero_ref.models.mlp import CharMLP, MLPConfig
 
 

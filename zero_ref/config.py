@@ -180,7 +180,7 @@ class ZeroConfig:
                   their first gather until the update (stage3_param_persistence_threshold).
     quantized_weights  stage 3 (ZeRO++'s qwZ, zero_quantized_weights): each unit's forward
                   all-gather sends every rank's slice as int8 with one float32 scale per
-                  block (zero_ref/quantize.py); backward gathers full precision, or with
+                  block (zero_ref/numerics/quantize.py); backward gathers full precision, or with
                   hpZ reads forward's dequantized values from the secondary copy.
     quantize_block  elements per quantization block; with quantized_weights each unit
                   is padded to a multiple of world size * quantize_block, so blocks never

@@ -37,7 +37,7 @@ from zero_ref.app.run_setup import (
 from zero_ref.app.tasks import describe_params
 from zero_ref.io.metrics_log import JsonlLog
 from zero_ref.io.trace import Trace
-from zero_ref.threads import settle_thread_budget
+from zero_ref.runtime.threads import settle_thread_budget
 
 if TYPE_CHECKING:  # imported where they run: each brings MPI, or a run's one-time cost
     from zero_ref.app.oracle_check import OracleCheck

@@ -27,7 +27,7 @@ from mpi4py import MPI
 
 import zero_ref  # noqa: F401  (the thread budget, before NumPy)
 from zero_ref.comm.collectives import Comm
-from zero_ref.dtypes import DTYPES
+from zero_ref.numerics.dtypes import DTYPES
 
 
 def parse_args() -> argparse.Namespace:

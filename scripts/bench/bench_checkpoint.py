@@ -14,7 +14,7 @@ In one temporary folder (under --workdir, removed at the end unless --keep):
      at the same world size, then again at --reshard-ranks (stage 1 by default, a
      micro batch that keeps the global batch): bytes / load_s, where load_s covers
      the CRC-32 checks, building the engine from the checkpoint and AdamW's state;
-  4. consolidate: the cache dropped again, `python -m zero_ref.consolidate --json`:
+  4. consolidate: the cache dropped again, `python -m zero_ref.app.consolidate --json`:
      its GB/s, its peak memory above its baseline against the target (the largest
      tensor + the read window), and whether its file equals the run's --export bit
      for bit.
@@ -39,9 +39,9 @@ import numpy as np
 from bench_common import add_record_flag, emit, load_average
 
 from zero_ref.app.cli import parse_args
+from zero_ref.app.estimate import model_for
 from zero_ref.checkpoint.manifest import STATE_KINDS, read_manifest, resolve_tag
 from zero_ref.checkpoint.to_safetensors import WINDOW_NUMEL
-from zero_ref.estimate import model_for
 from zero_ref.io.metrics_log import read_jsonl
 from zero_ref.io.tensor_io import load_named
 from zero_ref.layout.flat import model_layout
@@ -155,10 +155,10 @@ def resume(a: argparse.Namespace, tag: Path, ranks: int, stage: int, micro: int)
 
 
 def consolidate(a: argparse.Namespace, tag: Path, out: Path) -> dict:
-    """`python -m zero_ref.consolidate --json` from a cold cache; its JSON line, with the
+    """`python -m zero_ref.app.consolidate --json` from a cold cache; its JSON line, with the
     wall time of the whole command (its CRC-32 checks and imports too) beside it."""
     drop_from_cache(tag.glob("rank_*.safetensors"))
-    cmd = [sys.executable, "-m", "zero_ref.consolidate", str(tag), str(out), "--json"]
+    cmd = [sys.executable, "-m", "zero_ref.app.consolidate", str(tag), str(out), "--json"]
     t0 = time.perf_counter()
     done = launch(cmd, a)
     record = json.loads(done.stdout.strip().splitlines()[-1])

@@ -4,7 +4,7 @@ which --record also writes to docs/results/NAME.json with the date, the command 
 the commit that produced it (scripts/docs/doc_tables.py renders the docs' tables from it).
 
 Import zero_ref before NumPy in each script, so that each rank's thread budget
-is set before BLAS starts its threads (zero_ref.threads).
+is set before BLAS starts its threads (zero_ref.runtime.threads).
 """
 
 from __future__ import annotations

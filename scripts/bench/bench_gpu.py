@@ -50,10 +50,10 @@ import numpy as np
 from bench_common import emit
 from numba import cuda
 
-from zero_ref import cuda_math
 from zero_ref.comm.collectives import Comm
 from zero_ref.comm.staging import HostStaging
 from zero_ref.config import AdamWConfig
+from zero_ref.numerics import cuda_math
 from zero_ref.optim import adamw_cuda, gradnorm_cuda
 from zero_ref.optim.adamw import adamw_scalars
 

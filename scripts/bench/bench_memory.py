@@ -10,7 +10,7 @@ real peak resident set above its baseline, per phase (init, train, finish:
 the export is part of finish), and its ledger. Per stage it prints, in bytes
 per (padded) parameter per rank, max over ranks: the real peaks, the ledger's
 peak, zero_ref's fp32 formula, the paper's mixed-precision formula, the
-estimate of zero_ref.estimate and its error against the real peak, and the
+estimate of zero_ref.app.estimate and its error against the real peak, and the
 largest model whose real peak would fit --budget-gib per rank, extrapolated
 from the measured bytes per parameter. Then it checks the targets of issue 8
 on the largest size, draws runs/memory_per_param.png (--plot docs/img/memory_per_param.png
@@ -30,8 +30,8 @@ from pathlib import Path
 from bench_common import add_record_flag, emit
 
 from zero_ref.app.cli import parse_args
+from zero_ref.app.estimate import estimate_for, model_for
 from zero_ref.engine.memory import formula_bytes, paper_formula_bytes
-from zero_ref.estimate import estimate_for, model_for
 from zero_ref.io.metrics_log import read_jsonl
 
 PHASES = ("init", "train", "finish")

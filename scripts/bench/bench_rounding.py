@@ -1,4 +1,5 @@
-"""The 16-bit conversions, NumPy's / ml_dtypes' casts against zero_ref/rounding.py's kernels.
+"""The 16-bit conversions, NumPy's / ml_dtypes' casts against the kernels of
+zero_ref/numerics/rounding.py.
 
     python scripts/bench/bench_rounding.py                  # 2^20 elements, median of 7
     python scripts/bench/bench_rounding.py --numel 4194304
@@ -8,7 +9,7 @@ and each kind of input (ordinary values ~N(0, 1); values whose fp16 results are
 subnormal, ~N(0, 1e-6); values that overflow fp16, ~N(0, 1e6)), the median time per
 element of the cast (`dst[...] = src`, what zero_ref did before) and of the kernel
 on the same arrays, and whether their bits agree (NaN-free inputs: the two differ
-only on NaNs). Then the engine's per-bucket calls (zero_ref/dtypes.py, with their Python):
+only on NaNs). Then the engine's per-bucket calls (zero_ref/numerics/dtypes.py, with their Python):
 a bucket of 8192 elements at 4 ranks packed into its (4, 2048) staging slice from
 strided rows of a unit's gradient (float32 copy, fp16 and bf16 rounding), and the
 fused 16-bit sum of its (4, 2048) words, microseconds a call (the best of 5 medians).
@@ -26,8 +27,8 @@ import numpy as np
 from bench_common import add_record_flag, emit, load_average
 
 import zero_ref  # noqa: F401  (the thread budget, before NumPy)
-from zero_ref import rounding as R
-from zero_ref.dtypes import HOST
+from zero_ref.numerics import rounding as R
+from zero_ref.numerics.dtypes import HOST
 
 FP16, BF16 = np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)
 INPUTS = {"ordinary": 1.0, "fp16 subnormal": 1e-6, "fp16 overflow": 1e6}

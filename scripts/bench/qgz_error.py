@@ -3,7 +3,7 @@
     python scripts/bench/qgz_error.py [--world 4] [--steps 20] [--record [NAME]] [-- train flags]
 
 The default GPT (or the flags after --) trained for --steps steps by the single-rank
-oracle with qgZ (zero_ref/oracle.py: exactly what the engine computes; int8 unless the
+oracle with qgZ (zero_ref/oracle/single_rank.py: exactly what the engine computes; int8 unless the
 flags say --quantized-gradient-bits 4), then one more step's gradients of each of the
 --world ranks, laid out as the engine's buckets see them (zero_ref/layout/grad_blocks.py's
 blocks of --quantize-block) and quantized per destination block, in int8 and in int4,
@@ -31,8 +31,8 @@ from zero_ref.layout.buckets import plan_buckets
 from zero_ref.layout.flat import build_layout, rank_rows, tensor_views
 from zero_ref.layout.grad_blocks import bucket_block_starts
 from zero_ref.models.unit import init_params
-from zero_ref.oracle import Oracle
-from zero_ref.quantize import LEVELS, quantized_rows
+from zero_ref.numerics.quantize import LEVELS, quantized_rows
+from zero_ref.oracle.single_rank import Oracle
 
 
 def shard_matrix(oracle: Oracle, layout, row: np.ndarray) -> np.ndarray:

@@ -5,8 +5,8 @@
 
 For the default GPT (or the flags given after --): every unit's parameters (the
 initial draws of its seed, or a trained run's from --weights, e.g. a checkpoint
-consolidated by `python -m zero_ref.consolidate`), rounded to the run's precision,
-cut into blocks of --block elements of the unit (zero_ref/quantize.py: the blocks
+consolidated by `python -m zero_ref.app.consolidate`), rounded to the run's precision,
+cut into blocks of --block elements of the unit (zero_ref/numerics/quantize.py: the blocks
 stage 3's qwZ gathers, at any world size), quantized and dequantized; per block the
 relative error max |x - x'| / amax, whose bound is 0.5 / 127 (half an int8 step;
 float32's roundings add ~1e-7). Then the padding: elements of the layout aligned to
@@ -25,10 +25,10 @@ from block_error import relative_errors
 
 from zero_ref.app.cli import parse_args
 from zero_ref.app.rank_estimate import model_for
-from zero_ref.dtypes import dtype_of, rounded
 from zero_ref.layout.flat import model_layout
 from zero_ref.models.unit import full_name, init_params
-from zero_ref.quantize import quantized_copy
+from zero_ref.numerics.dtypes import dtype_of, rounded
+from zero_ref.numerics.quantize import quantized_copy
 
 
 def block_errors(flat: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:

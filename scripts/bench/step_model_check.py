@@ -1,4 +1,4 @@
-"""Calibrate zero_ref/step_model.py on the two namespace hosts and check it against them.
+"""Calibrate zero_ref/formulas/step_model.py on the two namespace hosts and check it against them.
 
     sudo python scripts/bench/step_model_check.py --record     # measure, fit, check
     sudo python scripts/bench/step_model_check.py --raw-out /tmp/sweep1.json  # one sweep
@@ -44,9 +44,9 @@ from zero_ref.app.cli import parse_args as train_args
 from zero_ref.app.rank_estimate import model_for
 from zero_ref.app.run_finish import _qgz_blocks
 from zero_ref.engine.gathered_unit import gathers_per_step
+from zero_ref.formulas.memory import prefetch_plan
+from zero_ref.formulas.step_model import Cluster, Link, Workload, host_link_bytes, predict
 from zero_ref.layout.flat import layout_align, model_layout
-from zero_ref.memory_formulas import prefetch_plan
-from zero_ref.step_model import Cluster, Link, Workload, host_link_bytes, predict
 
 FIT_SET = ("s0", "s3", "s3_zeropp")  # blocking, ranks in blocks, every rate
 OVERLAP_FIT = "s3_overlap"  # ranks in blocks, every rate: overlap_efficiency

@@ -1,4 +1,4 @@
-"""zero_ref/step_model.py's step times for clusters we cannot run (docs/step_model.md).
+"""zero_ref/formulas/step_model.py's step times for clusters we cannot run (docs/step_model.md).
 
     python scripts/bench/step_model_clusters.py            # the markdown tables
     python scripts/bench/step_model_clusters.py --record   # docs/results/step_model_clusters.json
@@ -14,8 +14,8 @@ import itertools
 
 from bench_common import add_record_flag, emit
 
-from zero_ref.dtypes import ElementBytes
-from zero_ref.step_model import Cluster, Link, Workload, predict
+from zero_ref.formulas.step_model import Cluster, Link, Workload, predict
+from zero_ref.numerics.dtypes import ElementBytes
 
 ASSUMPTIONS = {
     "gpu_peak_flops": 989e12,  # H100 SXM, dense BF16 (NVIDIA H100 datasheet)

@@ -2,7 +2,7 @@
 
     pip install -e '.[torch]' && python scripts/bench/torch_adamw_in_bound.py
 
-zero_ref.oracle_bound.fast_step_bound bounds how far one step may move from the
+zero_ref.oracle.bound.fast_step_bound bounds how far one step may move from the
 oracle's when the sums over ranks are reordered (fast mode). A torch-based ZeRO
 checked the same way also rounds AdamW differently (FMAs in lerp_ and addcmul_,
 addcdiv_ as p + (-step_size m) / denom). This takes one step from the same state
@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from zero_ref.config import AdamWConfig
-from zero_ref.oracle import Oracle
-from zero_ref.oracle_bound import fast_step_bound
+from zero_ref.oracle.bound import fast_step_bound
+from zero_ref.oracle.single_rank import Oracle
 
 LRS = (1e-3, 3e-2)
 BETAS = ((0.9, 0.999), (0.5, 0.9), (0.3, 0.99))

@@ -14,8 +14,8 @@ the tables cannot drift from the formulas the engine's ledger is tested against.
 
 from __future__ import annotations
 
-from zero_ref.dtypes import element_bytes
 from zero_ref.engine.memory import FP32, formula_bytes, grads_on_disk, paper_formula_bytes
+from zero_ref.numerics.dtypes import element_bytes
 
 STAGES = {0: "baseline (DP)", 1: "P_os", 2: "P_os+g", 3: "P_os+g+p"}
 GB = 1e9

@@ -1,5 +1,5 @@
 """What the estimate says to a person: the refusal of a run that cannot fit, naming the
-flags that lower it, and the per-stage table of `python -m zero_ref.estimate`.
+flags that lower it, and the per-stage table of `python -m zero_ref.app.estimate`.
 
 The numbers come from zero_ref/app/rank_estimate.py; this module only words them.
 """

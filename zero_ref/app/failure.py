@@ -41,7 +41,7 @@ import traceback
 from typing import NoReturn
 
 from zero_ref.app.interrupts import InterruptWatch
-from zero_ref.errors import CollectiveError
+from zero_ref.runtime.errors import CollectiveError
 
 INPUT_ERRORS = (ValueError, FileNotFoundError)  # bad flags, configs, files: no traceback
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # no room on a disk: no traceback either

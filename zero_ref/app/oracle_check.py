@@ -6,7 +6,7 @@ the same micro-batches, and its result is compared with the engine's:
 
 * deterministic mode: bitwise, every element of the parameters, m and v, and the
   gradient norm exactly;
-* fast mode: within the one-step bound of zero_ref/oracle_bound.py, derived from
+* fast mode: within the one-step bound of zero_ref/oracle/bound.py, derived from
   how far reordering the sums over ranks can move a step. Because the oracle is
   re-synced every step, the bound holds for any run length.
 
@@ -27,14 +27,14 @@ from zero_ref.app.failure import CollectiveError
 from zero_ref.checkpoint.manifest import STATE_KINDS
 from zero_ref.config import ZeroConfig
 from zero_ref.layout.flat import tensor_views
-from zero_ref.oracle import Oracle
-from zero_ref.oracle_bound import (
+from zero_ref.oracle.bound import (
     StepBound,
     Violation,
     fast_step_bound,
     largest_ratio,
     worst_violation,
 )
+from zero_ref.oracle.single_rank import Oracle
 
 LOSS_RELATIVE = 1e-12  # the loss is a float64 mean of the same per-rank losses, reordered
 

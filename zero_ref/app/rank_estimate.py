@@ -2,11 +2,11 @@
 
 Model states (Sec. 5 of the ZeRO paper) are counted from the real padded
 layout with the formulas the engine's ledger is checked against
-(zero_ref/memory_formulas.py), so this part equals the ledger exactly.
+(zero_ref/formulas/memory.py), so this part equals the ledger exactly.
 Activations are counted from the shapes the GPT and MLP units keep for
 backward, plus the transients of the backward pass at its worst moment. No MPI
 here: zero_ref/app/estimate_messages.py turns the estimate into a refusal
-before the first step, or into the table `python -m zero_ref.estimate` prints.
+before the first step, or into the table `python -m zero_ref.app.estimate` prints.
 Not counted: the single-rank oracle that --check-oracle keeps on rank 0 (a
 debugging mode for small models). Measured against real runs: docs/memory.md.
 """
@@ -16,9 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zero_ref.app.cli import Parsed
-from zero_ref.dtypes import ElementBytes, element_bytes
-from zero_ref.layout.flat import FlatLayout, layout_align, model_layout
-from zero_ref.memory_formulas import (
+from zero_ref.formulas.memory import (
     FP32,
     OverlapBuffers,
     buffer_formula_bytes,
@@ -31,9 +29,11 @@ from zero_ref.memory_formulas import (
     overlap_buffers,
     shard_world_of,
 )
+from zero_ref.layout.flat import FlatLayout, layout_align, model_layout
 from zero_ref.models.gpt import GPT
 from zero_ref.models.mlp import CharMLP
 from zero_ref.models.unit import Model
+from zero_ref.numerics.dtypes import ElementBytes, element_bytes
 from zero_ref.offload.swap_file import ALIGN
 
 # What a rank holds above its baseline that nothing here counts: malloc's heap in

@@ -12,9 +12,9 @@ from zero_ref.comm.ledger import (
     hpz_sent_bytes,
     paper_sent_bytes,
 )
-from zero_ref.dtypes import ElementBytes
+from zero_ref.formulas.memory import CATEGORIES, FP32, formula_bytes, paper_formula_bytes
 from zero_ref.layout.grad_blocks import GradientWire
-from zero_ref.memory_formulas import CATEGORIES, FP32, formula_bytes, paper_formula_bytes
+from zero_ref.numerics.dtypes import ElementBytes
 
 
 def rank_report(engine, phases: PhasePeaks | None = None) -> dict:

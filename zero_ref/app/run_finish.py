@@ -21,12 +21,12 @@ from zero_ref.comm.ledger import (
     expected_sent_bytes,
     paper_sent_bytes,
 )
+from zero_ref.formulas.memory import formula_bytes
 from zero_ref.io.metrics_log import JsonlLog
 from zero_ref.io.tensor_io import SafetensorsWriter
 from zero_ref.io.trace import Trace, write_trace
 from zero_ref.layout.flat import tensor_views
 from zero_ref.layout.grad_blocks import GradientWire, plan_wire
-from zero_ref.memory_formulas import formula_bytes
 
 
 def finish(

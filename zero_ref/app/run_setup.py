@@ -19,10 +19,10 @@ from zero_ref.app.resume import open_checkpoint
 from zero_ref.app.tasks import Task, build_task
 from zero_ref.checkpoint.reader import Checkpoint
 from zero_ref.engine.init_source import FileInit, InitSource, RandomInit
+from zero_ref.formulas.memory import shard_world_of
 from zero_ref.io.metrics_log import JsonlLog
 from zero_ref.io.trace import Trace
 from zero_ref.layout.flat import check_block_fits
-from zero_ref.memory_formulas import shard_world_of
 
 
 class Prepared(NamedTuple):

@@ -17,5 +17,5 @@ no full copy; the gradients (P_g) are not state between steps and are not saved.
   reader      open, verify (sizes, CRC-32) and read byte ranges of a checkpoint;
               a reader is an InitSource, so loading is the engine's sharded init
   to_safetensors  one safetensors file of the model's tensors, streamed (what the
-              command `python -m zero_ref.consolidate` runs)
+              command `python -m zero_ref.app.consolidate` runs)
 """

@@ -25,9 +25,9 @@ from typing import Any, NamedTuple
 
 from zero_ref.checkpoint.manifest import STATE_KINDS, CheckpointError, rank_file_name, tags_in
 from zero_ref.checkpoint.writer import build_manifest
-from zero_ref.errors import CollectiveError
 from zero_ref.io.disk_space import FreeBytes, disk_free_bytes
 from zero_ref.io.tensor_io import safetensors_file_bytes
+from zero_ref.runtime.errors import CollectiveError
 
 LARGEST_CRC32 = 2**32 - 1  # the manifest's placeholder: no real CRC prints wider
 

@@ -52,7 +52,7 @@ from zero_ref.comm.reduction import (
     sum_quantized,
     words_of,
 )
-from zero_ref.dtypes import HOST, HostArrays
+from zero_ref.numerics.dtypes import HOST, HostArrays
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")  # what collectives accept
 _F32 = np.dtype(np.float32)  # a dtype compares faster than the scalar type np.float32
@@ -232,7 +232,7 @@ class Comm(NonBlockingCollectives):
         self, send: np.ndarray, recv: np.ndarray, kind: str = "allgather_int8"
     ) -> None:
         """recv (W*n,) uint8 <- every rank's send (n,) uint8, in rank order: bytes that
-        are not floats (qwZ's int8 payload and its scales, zero_ref/quantize.py)."""
+        are not floats (qwZ's int8 payload and its scales, zero_ref/numerics/quantize.py)."""
         check_bytes(send, recv, self.size)
         self.arrays.sync()
         self._agree("allgather", send.size, "uint8")

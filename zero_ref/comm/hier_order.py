@@ -59,7 +59,7 @@ def two_level_bytes(n_block_bytes: int, world_of: np.ndarray) -> tuple[int, int]
 def two_level_sum(rows: np.ndarray, world_of: np.ndarray, out: np.ndarray) -> np.ndarray:
     """The deterministic two-level sum (the oracle's mirror): each host's rows (W, n)
     added in its world-rank order, then the hosts' partials in host order, float32."""
-    from zero_ref.rank_order import sum_in_rank_order
+    from zero_ref.numerics.rank_order import sum_in_rank_order
 
     partials = np.stack(
         [sum_in_rank_order(rows[list(ranks)], np.empty_like(out)) for ranks in world_of]

@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from zero_ref.dtypes import FP32, ElementBytes
 from zero_ref.layout.grad_blocks import GradientWire
-from zero_ref.memory_formulas import quantized_gather_bytes
+from zero_ref.numerics.dtypes import FP32, ElementBytes
+from zero_ref.numerics.quantize import quantized_gather_bytes
 
 # The GPU path's PCIe copies: collectives staged through host memory, and ZeRO-Offload's
 # gradients down to the CPU optimizer and parameters back up.

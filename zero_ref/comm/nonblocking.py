@@ -36,8 +36,8 @@ from zero_ref.comm.reduction import (
     isum_quantized,
     words_of,
 )
-from zero_ref.dtypes import DTYPES
-from zero_ref.quantize import segment_payload_bytes
+from zero_ref.numerics.dtypes import DTYPES
+from zero_ref.numerics.quantize import segment_payload_bytes
 
 
 def check_bytes(send: np.ndarray, recv: np.ndarray, world: int) -> None:

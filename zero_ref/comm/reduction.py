@@ -8,7 +8,7 @@
   sum_16bit_words   16-bit values (no MPI type for bfloat16): an Alltoall of the
                     words, widened to float32, added in rank order, rounded once.
   sum_quantized     ZeRO++'s qgZ: each destination block quantized to int8 or int4
-                    (block scales, zero_ref/quantize.py), an Alltoall of the bytes,
+                    (block scales, zero_ref/numerics/quantize.py), an Alltoall of the bytes,
                     each received block dequantized, added in rank order, rounded once.
   first_hop, second_hop
                     qgZ in DeepSpeed's two hops (all_to_all_quant_reduce), over H
@@ -23,7 +23,7 @@ Each sum also has an issued form (`ireduce_scatter`, `isum_16bit_words`) for the
 non-blocking calls of zero_ref/comm/nonblocking.py: the same bytes moved, the same
 additions in the same order, made when the bytes are in.
 
-Each takes the `arrays` of its Comm (zero_ref/dtypes.py HostArrays, or the GPU
+Each takes the `arrays` of its Comm (zero_ref/numerics/dtypes.py HostArrays, or the GPU
 path's DeviceArrays): where its temporaries live and how 16 bits are converted.
 zero_ref/comm/collectives.py's Comm (and nonblocking.py's calls) the only callers.
 """
@@ -36,9 +36,9 @@ from typing import NamedTuple
 import numpy as np
 from mpi4py import MPI
 
-from zero_ref.dtypes import HOST, HostArrays
-from zero_ref.quantize import pack_rows, unpack_sum
-from zero_ref.rank_order import sum_in_rank_order
+from zero_ref.numerics.dtypes import HOST, HostArrays
+from zero_ref.numerics.quantize import pack_rows, unpack_sum
+from zero_ref.numerics.rank_order import sum_in_rank_order
 
 # An issued sum: the MPI request, what completes it once the bytes are in (None: MPI
 # wrote the result), and the temporaries MPI uses until then (zero_ref/comm/in_flight.py).
@@ -130,7 +130,7 @@ def words_of(buf: np.ndarray) -> np.ndarray:
 class QuantizedBuffers(NamedTuple):
     """qgZ's byte buffers for one reduce-scatter: `send` and `got`, two (W, P) uint8 (row d
     of send goes to rank d, row r of got came from rank r), P the payload of a row in
-    `bits`-bit values and float32 block scales (zero_ref/quantize.py)."""
+    `bits`-bit values and float32 block scales (zero_ref/numerics/quantize.py)."""
 
     send: np.ndarray
     got: np.ndarray

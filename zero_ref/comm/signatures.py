@@ -18,7 +18,7 @@ import zlib
 
 import numpy as np
 
-from zero_ref.errors import CollectiveError
+from zero_ref.runtime.errors import CollectiveError
 
 TEXT_BYTES = 104  # "op | dtype | where", UTF-8, cut to fit (the checksum covers all of it)
 HEADER = 3  # int64: count, step, crc32 of the full text

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from zero_ref.dtypes import round_into
+from zero_ref.numerics.dtypes import round_into
 from zero_ref.optim.adamw import adamw_kernel
 from zero_ref.optim.gradnorm import OPTIMIZER_CHUNK, global_grad_norm, unscale_and_clip, unscaled
 from zero_ref.optim.nonfinite import first_nonfinite

@@ -23,7 +23,7 @@ a buffer reused while queued work still read it).
 The prefetch (FSDP's forward_prefetch / BACKWARD_PRE, DeepSpeed's stage-3
 prefetch coordinator): after unit i is acquired, the units the step reads next
 (`upcoming`, in order: forward then backward) are gathered into free buffers, as
-many as the PrefetchPlan allows (zero_ref/memory_formulas.py's prefetch_plan).
+many as the PrefetchPlan allows (zero_ref/formulas/memory.py's prefetch_plan).
 The blocking schedule's plan has one buffer and no prefetch: the paper's one
 gathered unit at a time.
 
@@ -46,7 +46,7 @@ from enum import Enum
 import numpy as np
 
 from zero_ref.engine.unit_order import step_reads
-from zero_ref.memory_formulas import PrefetchPlan, prefetch_plan
+from zero_ref.formulas.memory import PrefetchPlan, prefetch_plan
 
 Key = tuple[int, bool]  # (unit, quantized): what a buffer holds
 
@@ -235,7 +235,7 @@ def gathered_units_for(
 
 
 def stage3_plan(cfg, layout, prefetches: bool) -> PrefetchPlan:
-    """The gathered-unit plan of a config and layout (memory_formulas.prefetch_plan)."""
+    """The gathered-unit plan of a config and layout (formulas.memory.prefetch_plan)."""
     numels = [u.padded_numel for u in layout.units]
     return prefetch_plan(
         numels, prefetches, cfg.prefetch_numel, cfg.max_live_numel, cfg.persistence_numel

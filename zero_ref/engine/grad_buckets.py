@@ -48,7 +48,7 @@ from zero_ref.engine.placement import HostPlacement
 from zero_ref.layout.buckets import Bucket, BucketPlan
 from zero_ref.layout.flat import FlatLayout, rank_rows
 from zero_ref.layout.grad_blocks import bucket_block_starts
-from zero_ref.quantize import segment_payload_bytes
+from zero_ref.numerics.quantize import segment_payload_bytes
 
 
 class GradientBuckets:

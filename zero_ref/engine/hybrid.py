@@ -18,7 +18,7 @@ stay bucket-sized, as stage 0's chunks do), each a multiple of the R = W/G repli
 a view's last few elements (fewer than R) go through an R-element temporary padded with
 zeros. In deterministic mode the sum is the replica Comm's rank order, i.e. group order,
 so a step sums each group's ranks in rank order first, then the groups in group order
-(what the oracle models, zero_ref/oracle.py).
+(what the oracle models, zero_ref/oracle/single_rank.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ through `hold`/`drop` and leave a high-water mark. Not counted: activations
 deterministic reduction allocates for the length of one call.
 
 What the ledger should hold, the formulas of Sec. 5.1-5.3, are integer math in
-zero_ref/memory_formulas.py (shared with the estimate and the report);
+zero_ref/formulas/memory.py (shared with the estimate and the report);
 they are imported here under the names the engine has always used.
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from zero_ref.memory_formulas import (  # noqa: F401 (the engine's names for them)
+from zero_ref.formulas.memory import (  # noqa: F401 (the engine's names for them)
     CATEGORIES,
     FP32,
     STRIP_BYTES,

@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
     from zero_ref.config import AdamWConfig
     from zero_ref.models.mlp import CharMLP, MLPConfig
     from zero_ref.models.unit import init_params
-    from zero_ref.oracle import Oracle
+    from zero_ref.oracle.single_rank import Oracle
 
     args = build_parser().parse_args(argv)
     cfg = ZeroConfig(

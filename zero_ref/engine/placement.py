@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from zero_ref.dtypes import HostArrays
 from zero_ref.engine.memory import MemoryLedger
+from zero_ref.numerics.dtypes import HostArrays
 
 
 class HostPlacement(HostArrays):

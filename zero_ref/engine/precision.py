@@ -1,6 +1,6 @@
 """Mixed precision, a policy every stage shares: which dtype each model-sized array has,
 where float32 is widened from and rounded to 16 bits, the master weights, and fp16's
-loss scaling (the roundings themselves: zero_ref/dtypes.py). Chosen once from the
+loss scaling (the roundings themselves: zero_ref/numerics/dtypes.py). Chosen once from the
 config (`Precision.of`); a stage calls it without asking which precision it runs.
 
 The ZeRO paper's memory model (Sec. 3.1) is mixed-precision Adam (Micikevicius et
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zero_ref.dtypes import ElementBytes, dtype_of, element_bytes, name_of
+from zero_ref.numerics.dtypes import ElementBytes, dtype_of, element_bytes, name_of
 from zero_ref.optim.loss_scale import LossScaleState, initial_state, next_state
 
 

@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from zero_ref.dtypes import round_into, widen_into
-from zero_ref.quantize import SCALE_BYTES, dequantize, payload_bytes, quantize
+from zero_ref.numerics.dtypes import round_into, widen_into
+from zero_ref.numerics.quantize import SCALE_BYTES, dequantize, payload_bytes, quantize
 
 
 class QuantizedPending:

@@ -6,7 +6,7 @@ which this loop calls: `self.params` (read, which is also told the units the loo
 reads next, so stage 3 can gather them ahead; release; after_update) and
 `self.grads` (unit_grads, unit_done, backward_done, norm); the order of the
 forward, backward and update is written here once, so every stage runs it the
-same and the oracle (zero_ref/oracle.py) can follow it. The order of the units'
+same and the oracle (zero_ref/oracle/single_rank.py) can follow it. The order of the units'
 reads, and what follows each, is engine/unit_order.py's.
 """
 

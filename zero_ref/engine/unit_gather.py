@@ -28,7 +28,7 @@ from zero_ref.comm.ledger import HierarchicalGathers, QuantizedGathers
 from zero_ref.engine.gathered_unit import Key, gathers_by_kind, gathers_per_step
 from zero_ref.engine.quantized_gather import QuantizedGather
 from zero_ref.engine.secondary_copy import SecondaryCopy
-from zero_ref.memory_formulas import PrefetchPlan
+from zero_ref.formulas.memory import PrefetchPlan
 
 UnitGathers = list[int] | QuantizedGathers | HierarchicalGathers | None
 

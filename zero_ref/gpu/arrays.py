@@ -1,8 +1,8 @@
 """Temporaries, copies and the roundings on device arrays: HostArrays' methods, as CUDA
-kernels (zero_ref/dtypes.py has the host's).
+kernels (zero_ref/numerics/dtypes.py has the host's).
 
 CuPy has no bfloat16, so on a GPU a bf16 array is its 16 bits as uint16
-(device.stored_dtype_name), which only the kernels of zero_ref/rounding_cuda.py
+(device.stored_dtype_name), which only the kernels of zero_ref/numerics/rounding_cuda.py
 read as numbers: rounding float32 into 16 bits and widening back, each bitwise
 the host's. The engine's placement (zero_ref/gpu/placement.py) makes its
 conversions here, and so does a Comm that hands device arrays to a CUDA-aware
@@ -16,13 +16,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from zero_ref import rounding_cuda
-from zero_ref.array_module import array_module
-from zero_ref.dtypes import HOST
 from zero_ref.gpu import device
 from zero_ref.gpu.copies import copy_in, copy_out, host_dtype, in_host_memory
 from zero_ref.gpu.device import Where, device_array, stored_dtype_name
-from zero_ref.rank_order import sum_in_rank_order
+from zero_ref.numerics import rounding_cuda
+from zero_ref.numerics.array_module import array_module
+from zero_ref.numerics.dtypes import HOST
+from zero_ref.numerics.rank_order import sum_in_rank_order
 
 
 class DeviceArrays:

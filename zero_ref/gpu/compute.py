@@ -1,7 +1,7 @@
 """The update phase on the device: zero_ref/engine/compute.py's policy with CUDA kernels.
 
 Same methods as HostCompute, same results bit for bit (each kernel is its twin's:
-zero_ref/optim/*_cuda.py, zero_ref/rounding_cuda.py), on device arrays. Two differences
+zero_ref/optim/*_cuda.py, zero_ref/numerics/rounding_cuda.py), on device arrays. Two differences
 a reader should know: the norm is always the exact one (integer bins added with
 atomics: any order, the same bins), so in fast mode a GPU run's norm may differ in its
 last bits from a CPU run's fast-mode norm; in deterministic mode both are the
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from zero_ref import rounding_cuda
 from zero_ref.gpu.device import stored_dtype_name
+from zero_ref.numerics import rounding_cuda
 from zero_ref.optim import adamw_cuda, gradnorm_cuda, nonfinite_cuda
 from zero_ref.optim.gradnorm import BIN_SHAPE, OPTIMIZER_CHUNK, bins_to_float
 

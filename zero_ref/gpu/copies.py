@@ -14,9 +14,9 @@ import importlib
 
 import numpy as np
 
-from zero_ref.array_module import array_module
-from zero_ref.dtypes import dtype_of
 from zero_ref.gpu.device import stored_dtype_name
+from zero_ref.numerics.array_module import array_module
+from zero_ref.numerics.dtypes import dtype_of
 
 
 def in_host_memory(array) -> bool:

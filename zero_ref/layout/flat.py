@@ -5,7 +5,7 @@ contiguous range of the full buffer, padded with zeros to a multiple of the
 world size, so that every rank owns an equal slice of every unit (as FSDP's
 flat parameters and DeepSpeed stage 3's partitions do, shard boundaries cut
 straight through tensors). With an `align` of a block size (ZeRO++'s qwZ, zero_ref/
-quantize.py) each unit is padded to a multiple of world_size * align instead, so every
+numerics/quantize.py) each unit is padded to a multiple of world_size * align instead, so every
 rank's slice is a whole number of blocks and block b is the unit's elements
 [b*align, (b+1)*align) at every world size. Equal slices let the engine use Reduce_scatter_block
 and Allgather instead of their uneven v-variants; scripts/bench/bench_layout.py

@@ -6,7 +6,7 @@ of `block` columns, clipped to the bucket: the cuts are lo, every unit start ins
 bucket, and every unit.shard_offset + k * block inside it. So a block never straddles two
 destination ranks (each row is quantized alone), two units, or two buckets, and all W
 rows share the same cuts. The engine (zero_ref/engine/grad_buckets.py) and the oracle
-(zero_ref/oracle.py) both take them from here, so they agree bit for bit.
+(zero_ref/oracle/single_rank.py) both take them from here, so they agree bit for bit.
 
 What depends on the world size: a rank's slice of a unit is shard_numel_u columns, and
 block b of destination row d is the unit's elements [d s_u + b block, ...). When every

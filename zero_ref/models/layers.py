@@ -5,7 +5,7 @@ in the finite-difference checks). Shape comments: B batch, T time, C channels,
 N = B * T rows. Where the fast version is not the textbook formula (a
 rearranged formula, or a Numba kernel), the textbook NumPy version sits beside
 it as a `*_reference` twin with the same signature, and the tests compare them
-element by element. Given device arrays (the GPU path, zero_ref/array_module.py)
+element by element. Given device arrays (the GPU path, zero_ref/numerics/array_module.py)
 a function runs its twin in the arrays' module instead of the Numba kernel: each
 such function says so once, `@numba_on_host(twin)`, and its twin sits above it.
 
@@ -26,7 +26,7 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-from zero_ref.array_module import array_module, numba_on_host
+from zero_ref.numerics.array_module import array_module, numba_on_host
 
 LN_EPS = 1e-5
 _GELU_C = math.sqrt(2.0 / math.pi)  # GPT-2's tanh approximation of x * Phi(x)

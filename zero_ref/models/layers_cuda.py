@@ -1,6 +1,6 @@
 """The model's one scatter on a CUDA device, deterministic: the embedding's backward.
 
-Every other layer runs on the device as its NumPy twin in CuPy (zero_ref/array_module.py):
+Every other layer runs on the device as its NumPy twin in CuPy (zero_ref/numerics/array_module.py):
 elementwise operations and cuBLAS GEMMs, which give the same bits for the same
 inputs run after run. The embedding's backward is a scatter-add into the rows of
 the table, and the twin's `add.at` is, in CuPy, one atomicAdd per element: with
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from numba import cuda
 
-from zero_ref.cuda_math import THREADS, add, blocks
+from zero_ref.numerics.cuda_math import THREADS, add, blocks
 
 
 @cuda.jit

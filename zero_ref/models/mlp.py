@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zero_ref.array_module import array_module
 from zero_ref.models import layers
 from zero_ref.models.unit import ParamSpec
+from zero_ref.numerics.array_module import array_module
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-from zero_ref.array_module import array_module, on_host
 from zero_ref.models.layers import (
     gelu_backward,
     gelu_forward,
@@ -30,6 +29,7 @@ from zero_ref.models.layers import (
     linear_forward,
     matmul_into,
 )
+from zero_ref.numerics.array_module import array_module, on_host
 
 # --- MLP --------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from zero_ref.array_module import array_module
+from zero_ref.numerics.array_module import array_module
 
 
 @dataclass(frozen=True)

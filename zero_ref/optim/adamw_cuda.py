@@ -1,13 +1,13 @@
 """AdamW on a CUDA device (numba.cuda): the twin of zero_ref/optim/adamw.py's kernel,
 bitwise (tests/test_gpu_kernels.py). ZeRO's update phase (Sec. 5) run where the shard
-lives; each operation rounds as NumPy's does (zero_ref/cuda_math.py).
+lives; each operation rounds as NumPy's does (zero_ref/numerics/cuda_math.py).
 """
 
 from __future__ import annotations
 
 from numba import cuda
 
-from zero_ref.cuda_math import THREADS, add, blocks, div, mul, sqrt, sub
+from zero_ref.numerics.cuda_math import THREADS, add, blocks, div, mul, sqrt, sub
 from zero_ref.optim.adamw import AdamWScalars
 
 

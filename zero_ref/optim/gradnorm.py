@@ -25,7 +25,7 @@ import math
 import numba
 import numpy as np
 
-from zero_ref.dtypes import widen_into
+from zero_ref.numerics.dtypes import widen_into
 
 N_EXPONENTS = 254  # E = -149 (subnormals and the smallest normals) .. 104
 NONFINITE_ROW = N_EXPONENTS  # bins[254] = [count of +-inf, count of nan]
@@ -183,7 +183,7 @@ OPTIMIZER_CHUNK = 1 << 18
 
 def unscaled(grad: np.ndarray, divisor: np.float32) -> np.ndarray:
     """grad / divisor in float32, a new array (one rounding). A 16-bit grad is widened
-    first by zero_ref/rounding.py's kernels (exact): NumPy's own float16 cast inside the
+    first by zero_ref/numerics/rounding.py's kernels (exact): NumPy's own float16 cast inside the
     divide costs ~20 ns an element where gradients are fp16 subnormals."""
     if grad.dtype == np.float32:
         return np.divide(grad, divisor, dtype=np.float32)

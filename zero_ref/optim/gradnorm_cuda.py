@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from zero_ref.cuda_math import THREADS, blocks, div, mul
+from zero_ref.numerics.cuda_math import THREADS, blocks, div, mul
 from zero_ref.optim.gradnorm import BIN_SHAPE, NONFINITE_ROW
 
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from zero_ref.errors import CollectiveError
 from zero_ref.layout.flat import FlatLayout, shard_range
+from zero_ref.runtime.errors import CollectiveError
 
 NOT_FOUND = int(np.iinfo(np.int64).max)  # the MIN identity: "no bad element on this rank"
 

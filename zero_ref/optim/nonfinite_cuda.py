@@ -9,7 +9,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from zero_ref.cuda_math import THREADS, blocks
+from zero_ref.numerics.cuda_math import THREADS, blocks
 
 
 # ---- the first NaN/Inf (twin: zero_ref.optim.nonfinite.first_nonfinite)

@@ -2,7 +2,7 @@
 
 Each shuffled rank order is an association MPI may legally choose, so the gap
 it opens in one step is exactly what fast mode's one-step bound
-(zero_ref/oracle_bound.py) must allow. `race` runs a small GPT for a number of
+(zero_ref/oracle/bound.py) must allow. `race` runs a small GPT for a number of
 steps, re-syncs the second oracle to the first before each step (as
 --check-oracle does with the engine) and returns the largest
 |other - oracle| / bound over parameters, m and v. With `mutate` the second
@@ -18,8 +18,8 @@ import numpy as np
 from zero_ref.config import AdamWConfig
 from zero_ref.models.gpt import GPT, GPTConfig
 from zero_ref.models.unit import init_params, loss_and_grads
-from zero_ref.oracle import Oracle
-from zero_ref.oracle_bound import fast_step_bound, largest_ratio
+from zero_ref.oracle.bound import fast_step_bound, largest_ratio
+from zero_ref.oracle.single_rank import Oracle
 
 CONTEXT, WORLD, VOCAB = 8, 4, 29
 Grads = list[list[dict[str, np.ndarray]]]  # grads[j][r]: micro-step j, rank r

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from zero_ref.array_module import array_module
 from zero_ref.models.unit import ParamSpec
+from zero_ref.numerics.array_module import array_module
 
 
 def replay_gradient(context: np.ndarray, unit_index: int, spec: ParamSpec) -> np.ndarray:

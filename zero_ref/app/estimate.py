@@ -1,9 +1,9 @@
-"""`python -m zero_ref.estimate [train flags] --ranks N`: one rank's peak memory at every
+"""`python -m zero_ref.app.estimate [train flags] --ranks N`: one rank's peak memory at every
 ZeRO stage, estimated from the flags alone, as DeepSpeed's
 estimate_zero3_model_states_mem_needs_all_cold prints it; nothing is run.
 
 The command line only. The estimate is zero_ref/app/rank_estimate.py (on the
-formulas of zero_ref/memory_formulas.py, which the engine's ledger is
+formulas of zero_ref/formulas/memory.py, which the engine's ledger is
 checked against), its words zero_ref/app/estimate_messages.py; their public names
 are importable from here too. Measured against real runs: docs/memory.md.
 """
@@ -44,7 +44,7 @@ __all__ = [
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m zero_ref.estimate [train flags] --ranks N`: the table, nothing run."""
+    """`python -m zero_ref.app.estimate [train flags] --ranks N`: the table, nothing run."""
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument("--ranks", type=int, default=1)
     own.add_argument("--ranks-per-host", type=int)
@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parsed = parse_args(rest, mine.ranks)
         model = model_for(parsed, mine.ranks)
     except (UsageError, ValueError, FileNotFoundError) as e:
-        print(f"zero_ref.estimate: error: {e}", file=sys.stderr)
+        print(f"zero_ref.app.estimate: error: {e}", file=sys.stderr)
         return 2
     host, per_host = mem_available_bytes(), mine.ranks_per_host or mine.ranks
     print(estimate_table(parsed, model, mine.ranks, None if host is None else host // per_host))
@@ -67,8 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-USAGE = """usage: python -m zero_ref.estimate [flags of python -m zero_ref.train] --ranks N
-                                  [--ranks-per-host M]
+USAGE = """usage: python -m zero_ref.app.estimate [flags of python -m zero_ref.train] --ranks N
+                                      [--ranks-per-host M]
 
 One rank's estimated peak memory at every ZeRO stage for the run these flags
 describe, without running it: model states from the padded layout (what the

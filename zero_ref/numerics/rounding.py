@@ -10,7 +10,7 @@ is correct but slow where it matters: a result that is subnormal or Inf costs it
 time), and small gradients are exactly that. The kernels here cost 0.05-0.2 ns
 (vectorised; scripts/bench/bench_rounding.py).
 
-The rule, in every twin (this module, zero_ref/rounding_cuda.py's CUDA kernels):
+The rule, in every twin (this module, zero_ref/numerics/rounding_cuda.py's CUDA kernels):
 
   finite and Inf   round to nearest, ties to even (IEEE's default; a float16 value
                    at or above 65520 in magnitude becomes Inf, the loss scaler's signal)
@@ -50,7 +50,7 @@ FP16_HALF_MIN_SUBNORMAL = 0x33000000  # 2^-25: at or below, +-0 (the tie goes to
 REBIAS = 0x38000000  # (127 - 15) << 23: float32's exponent bias to fp16's
 
 
-# ---- the scalar steps (compiled twice: CPU below, CUDA in zero_ref/rounding_cuda.py)
+# ---- the scalar steps (compiled twice: CPU below, CUDA in zero_ref/numerics/rounding_cuda.py)
 def fp16_bits_py(b: int) -> int:
     """fp16 bits of the float32 with bits b (round to nearest, ties to even). Every
     case is computed and one selected, without branches: where normals and subnormals

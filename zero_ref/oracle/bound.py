@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zero_ref.oracle import StepDetail
+from zero_ref.oracle.single_rank import StepDetail
 
 U = 2.0**-24  # float32 unit roundoff
 SAFETY = 2.0  # for the second-order terms the derivation leaves out

@@ -4,7 +4,7 @@ The one place the ladder is written: stage s shards the first s of `LADDER`
 (optimizer state, then gradients, then parameters), and every count below asks
 `sharded(stage)` what it divides by Nd. The engine's ledger checks
 (zero_ref/engine/memory.py, the swap files and the offload pool), the estimate
-(zero_ref/estimate.py) and the end-of-run report (zero_ref/app/report.py) all
+(zero_ref/app/estimate.py) and the end-of-run report (zero_ref/app/report.py) all
 count with these functions, so they cannot drift apart. No MPI, no arrays:
 element counts and `ElementBytes` (bytes per element of each kind of array) in,
 bytes or element counts out.
@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from zero_ref.dtypes import FP32, ElementBytes
 from zero_ref.layout.buckets import bucket_columns
 from zero_ref.layout.grad_blocks import plan_blocks
-from zero_ref.quantize import SCALE_BYTES, segment_payload_bytes
+from zero_ref.numerics.dtypes import FP32, ElementBytes
+from zero_ref.numerics.quantize import quantized_gather_bytes, segment_payload_bytes
 
 CATEGORIES = ("params", "grads", "optimizer", "buffers")  # the memory ledger's
 LADDER = ("optimizer", "grads", "params")  # what stages 1, 2 and 3 each add to the sharding
@@ -285,14 +285,6 @@ def quantized_reduce_bytes(
         held[f"qgz_send{suffix}"] = world_size * row
         held[f"qgz_recv{suffix}"] = world_size * row
     return held
-
-
-def quantized_gather_bytes(numel: int, block: int) -> int:
-    """Bytes of numel values quantized (zero_ref/quantize.py): numel int8 values and a
-    float32 scale per block. A qwZ row's size in memory (quantized_gather_buffers) and,
-    for a padded unit, one quantized gather's bytes over all ranks (comm/ledger.py's
-    traffic formulas; what a rank sends is (W-1)/W of it)."""
-    return numel + SCALE_BYTES * (numel // block)
 
 
 def quantized_gather_buffers(shard: int, world_size: int, lanes: int, block: int) -> dict[str, int]:

@@ -1,11 +1,11 @@
 """Rounding float32 to fp16 and bf16 and widening back on a CUDA device (numba.cuda):
-the twins of zero_ref/rounding.py's kernels, checked element by element and over every
+the twins of zero_ref/numerics/rounding.py's kernels, checked element by element and over every
 16-bit pattern (tests/test_gpu_kernels.py). Mixed precision's conversions (ZeRO, Sec. 3)
 where the shard lives.
 
 bfloat16 lives on the device as its 16 bits (uint16: numba has no bfloat16
 type). Both 16-bit roundings, and fp16's widening, are done on the bits by the
-very Python of zero_ref/rounding.py's scalar steps, compiled for the device:
+very Python of zero_ref/numerics/rounding.py's scalar steps, compiled for the device:
 round to nearest even, a NaN to torch's canonical quiet NaN (fp16: 0x7E00 with
 its sign, bf16: 0x7FC0), not to whatever the hardware's cvt makes of it.
 """
@@ -15,11 +15,11 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from zero_ref import rounding
-from zero_ref.cuda_math import THREADS, blocks
+from zero_ref.numerics import rounding
+from zero_ref.numerics.cuda_math import THREADS, blocks
 
-# ---- 16-bit roundings (twins: zero_ref/rounding.py's kernels, on the same bits)
-# The scalar steps are zero_ref/rounding.py's own Python, compiled here for the device.
+# ---- 16-bit roundings (twins: zero_ref/numerics/rounding.py's kernels, on the same bits)
+# The scalar steps are zero_ref/numerics/rounding.py's own Python, compiled here for the device.
 _fp16_bits = cuda.jit(device=True)(rounding.fp16_bits_py)
 _bf16_bits = cuda.jit(device=True)(rounding.bf16_bits_py)
 _fp16_widened_bits = cuda.jit(device=True)(rounding.fp16_widened_bits_py)

@@ -21,7 +21,7 @@ gradients' dtype; AdamW updates the float32 master weights. Without it every
 rounding is the identity and S = 1.
 
 With qwZ (ZeRO++'s quantized weights, `quantize_block`) each rank's forward reads
-every unit's parameters quantized and dequantized (zero_ref/quantize.py: blocks of
+every unit's parameters quantized and dequantized (zero_ref/numerics/quantize.py: blocks of
 the unit's own elements, [b*block, (b+1)*block), the last zero-padded), rounded once
 to the parameters' dtype, while backward reads the full-precision ones; with
 activation checkpointing the forward recomputed before a unit's backward reads the
@@ -67,18 +67,18 @@ import numpy as np
 
 from zero_ref.comm.hier_order import two_level_sum
 from zero_ref.config import AdamWConfig, ZeroConfig
-from zero_ref.dtypes import dtype_of, rounded
+from zero_ref.formulas.memory import group_size_of
 from zero_ref.layout.buckets import bucket_plan
 from zero_ref.layout.flat import build_layout, layout_align, rank_rows
 from zero_ref.layout.grad_blocks import bucket_block_starts
-from zero_ref.memory_formulas import group_size_of
 from zero_ref.models.unit import Model, loss_and_grads, unit_params_view
+from zero_ref.numerics.dtypes import dtype_of, rounded
+from zero_ref.numerics.quantize import quantized_copy, quantized_rows
+from zero_ref.numerics.rank_order import sum_in_rank_order
 from zero_ref.optim.adamw import AdamWScalars, adamw_reference, adamw_scalars, with_lr
 from zero_ref.optim.gradnorm import clip_coefficient, sumsq_exact_reference
 from zero_ref.optim.loss_scale import LossScaleConfig, initial_state, next_state
 from zero_ref.optim.nonfinite import NonFiniteGradientError
-from zero_ref.quantize import quantized_copy, quantized_rows
-from zero_ref.rank_order import sum_in_rank_order
 
 NamedArrays = Mapping[str, np.ndarray]
 UnitSpecs = Sequence[tuple[str, Sequence[tuple[str, tuple[int, ...]]]]]
@@ -113,7 +113,7 @@ class GradientBlocks:
 @dataclass(frozen=True)
 class StepDetail:
     """What the last step used, for bounding how far a reordered sum may move it
-    (zero_ref/oracle_bound.py). Flat float32 arrays in the oracle's order."""
+    (zero_ref/oracle/bound.py). Flat float32 arrays in the oracle's order."""
 
     grad_abs_mean: np.ndarray  # sum over ranks and micro-steps of |g[j][r]|, / (W k)
     grad: np.ndarray  # the mean gradient after clipping: what AdamW was given

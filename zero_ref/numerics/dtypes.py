@@ -1,7 +1,7 @@
 """The three float formats zero_ref computes and stores in, and rounding between them.
 
 Every rounding is to nearest, ties to even, the IEEE default that GPUs use too,
-done on the bits by zero_ref/rounding.py's Numba kernels (NumPy twins beside
+done on the bits by zero_ref/numerics/rounding.py's Numba kernels (NumPy twins beside
 them), so the engine and the single-rank oracle round alike; NaNs become torch's
 canonical quiet NaNs. The communication layer, the engine and the oracle all
 use it.
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zero_ref import rounding
+from zero_ref.numerics import rounding
 
 
 class _Formats(Mapping):
@@ -102,7 +102,7 @@ def _on_bits(kernels: tuple, dst: np.ndarray, src: np.ndarray) -> np.ndarray:
 def round_into(dst: np.ndarray, src: np.ndarray) -> np.ndarray:
     """dst[...] = src rounded to dst's dtype: to nearest, ties to even, a float16
     overflow to Inf (the loss scaler's signal), a NaN to the canonical quiet NaN
-    (zero_ref/rounding.py's rule, torch's). 16-bit to the other 16-bit goes through
+    (zero_ref/numerics/rounding.py's rule, torch's). 16-bit to the other 16-bit goes through
     float32 (exact); the same dtype is a copy."""
     kernels = _ROUND.get(dst.dtype)
     if kernels is not None and src.dtype == _F32:  # the common case first

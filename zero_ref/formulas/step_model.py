@@ -29,8 +29,8 @@ from zero_ref.comm.ledger import (
     expected_sent_bytes,
     hpz_sent_bytes,
 )
-from zero_ref.dtypes import ElementBytes
 from zero_ref.layout.grad_blocks import GradientWire
+from zero_ref.numerics.dtypes import ElementBytes
 
 PLACEMENTS = ("block", "cyclic")
 COLLECTIVES = ("flat", "hierarchical")

@@ -1,6 +1,6 @@
 """What every CUDA kernel of zero_ref shares: float32 arithmetic that rounds as NumPy
 does, and the launch shape. The kernels sit beside their NumPy twins (zero_ref/
-rounding_cuda.py, zero_ref/optim/*_cuda.py, zero_ref/models/layers_cuda.py); importing
+numerics/rounding_cuda.py, zero_ref/optim/*_cuda.py, zero_ref/models/layers_cuda.py); importing
 any of them imports numba.cuda, so only the GPU path does (the CPU path never needs it).
 
 Rounding. NumPy rounds after every float32 operation. On a GPU, NVVM would
@@ -41,7 +41,7 @@ def provide_row_stack(numpy_module: types.ModuleType) -> bool:
     vstack = numpy_module.vstack
 
     def row_stack(tup, *, dtype=None, casting="same_kind"):
-        """np.vstack (NumPy 2.5 removed this alias; zero_ref.cuda_math restores it for
+        """np.vstack (NumPy 2.5 removed this alias; zero_ref.numerics.cuda_math restores it for
         numba-cuda, which registers an overload of it)."""
         return vstack(tup, dtype=dtype, casting=casting)
 

@@ -1,6 +1,6 @@
 """Thread budget per rank: several MPI ranks on one host share its cores.
 
-A module at the package's root, importing nothing of the package, because the
+It imports nothing of the package (nor does runtime/__init__), because the
 package __init__ runs its first half before anything loads NumPy.
 
 Each rank gets usable-CPUs / ranks-on-this-host threads for BLAS and Numba, so

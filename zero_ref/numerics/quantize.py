@@ -71,6 +71,14 @@ def payload_bytes(numel: int, block: int) -> int:
     return numel + SCALE_BYTES * check_blocks(numel, block)
 
 
+def quantized_gather_bytes(numel: int, block: int) -> int:
+    """Bytes of numel values quantized: numel int8 values and a float32 scale per block.
+    A qwZ row's size in memory (formulas/memory.py's quantized_gather_buffers) and, for a
+    padded unit, one quantized gather's bytes over all ranks (comm/ledger.py's traffic
+    formulas; what a rank sends is (W-1)/W of it)."""
+    return numel + SCALE_BYTES * (numel // block)
+
+
 # ---- the NumPy twin
 def quantize_reference(x: np.ndarray, block: int, q: np.ndarray, scales: np.ndarray) -> int:
     """q (numel,) int8, scales (numel/block,) float32 <- x (numel,) float32; returns the

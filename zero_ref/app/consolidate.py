@@ -1,4 +1,4 @@
-"""`python -m zero_ref.consolidate DIR OUT.safetensors`: a checkpoint's weights as one
+"""`python -m zero_ref.app.consolidate DIR OUT.safetensors`: a checkpoint's weights as one
 plain safetensors file, with no MPI and without holding the model in memory
 (zero_ref/checkpoint/to_safetensors.py). The file loads with safetensors.numpy,
 safetensors.torch, and `python -m zero_ref.train --init OUT.safetensors`."""
@@ -24,7 +24,7 @@ from zero_ref.checkpoint.to_safetensors import WINDOW_NUMEL, consolidate
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m zero_ref.consolidate",
+        prog="python -m zero_ref.app.consolidate",
         description="Write one safetensors file of a checkpoint's float32 weights.",
     )
     p.add_argument("checkpoint", help="a checkpoint folder (its 'latest' tag) or a tag folder")
