@@ -1,5 +1,5 @@
 """The stage ladder as data (zero_ref/engine/ladder.py, issue 32 item 2): each stage is two
-parts, the table agrees with the formulas' ladder (memory_formulas.sharded), the classes are
+parts, the table agrees with the formulas' ladder (formulas.memory.sharded), the classes are
 shallow (no method defined at three levels of one class's ancestry), every attribute a part
 sets is read by it, and the engine is built without calling into a half-built object."""
 
@@ -17,7 +17,7 @@ from zero_ref.config import ZeroConfig
 from zero_ref.engine import engine as engine_module
 from zero_ref.engine import stage0, stage1, stage2, stage3
 from zero_ref.engine.ladder import STAGES, make_engine
-from zero_ref.memory_formulas import sharded
+from zero_ref.formulas.memory import sharded
 from zero_ref.models.unit import init_params
 from zero_ref.testing.replay import ReplayModel
 

@@ -12,7 +12,7 @@ after the update):
   2      ShardUpdatedParams  ShardedGrads          + gradients (P_os+g)
   3      GatheredParams      ShardedGrads          + parameters (P_os+g+p)
 
-`sharded(stage)` (the formulas' ladder, zero_ref/memory_formulas.py) says which model
+`sharded(stage)` (the formulas' ladder, zero_ref/formulas/memory.py) says which model
 states a stage partitions; the table below must agree with it (tests/test_ladder.py).
 """
 
@@ -31,7 +31,7 @@ from zero_ref.engine.stage0 import AllReducedGrads, ReplicatedParams
 from zero_ref.engine.stage1 import ReduceScatteredGrads, ShardUpdatedParams
 from zero_ref.engine.stage2 import ShardedGrads
 from zero_ref.engine.stage3 import GatheredParams
-from zero_ref.memory_formulas import sharded
+from zero_ref.formulas.memory import sharded
 from zero_ref.models.unit import Model
 
 
