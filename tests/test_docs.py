@@ -368,3 +368,44 @@ def test_no_command_overwrites_a_tracked_figure(page, tmp_path, monkeypatch):
             values = vars(parse_script(clone / step.script, step.args, monkeypatch)).values()
             into = [v for v in values if isinstance(v, str | Path) and "docs/img" in str(v)]
             assert not into, f"{page}: `{step.text}` writes {into} by default"
+
+
+def _map_blocks(page: str) -> dict[str, list[str]]:
+    """docs/architecture.md's map (its first code block): folder -> the file names (or
+    globs, `*_cuda.py`) its block names; "" is the package root."""
+    block = page.split("```\n", 2)[1]
+    blocks, folder = {"": []}, ""
+    for line in block.splitlines():
+        if found := re.match(r"^  (\w+)/", line):
+            folder = found[1]
+            blocks.setdefault(folder, [])
+        elif re.match(r"^  \w+\.py", line):
+            folder = ""
+        blocks[folder] += re.findall(r"(?<![/\w*])([\w*]+\.py)\b", line)
+    return blocks
+
+
+def test_architecture_map_names_every_module_and_only_modules_that_exist():
+    """Every module of zero_ref is on docs/architecture.md's map, in its folder's block
+    (by name or by a glob such as `*_cuda.py`), and every file the map names exists
+    there (or at the package root): the map is the code's as it is now."""
+    import fnmatch
+
+    package = DOCS.parent / "zero_ref"
+    blocks = _map_blocks((DOCS / "architecture.md").read_text())
+    missing = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package)
+        if path.name == "__init__.py" or "__pycache__" in rel.parts:
+            continue
+        folder = rel.parts[0] if len(rel.parts) > 1 else ""
+        if not any(fnmatch.fnmatch(path.name, name) for name in blocks.get(folder, [])):
+            missing.append(str(rel))
+    assert missing == [], f"not on the map: {missing}"
+    absent = [
+        f"{folder}/{name}"
+        for folder, names in blocks.items()
+        for name in names
+        if not list((package / folder).glob(name)) and not list(package.glob(name))
+    ]
+    assert absent == [], f"on the map, not in the code: {absent}"
