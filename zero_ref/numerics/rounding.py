@@ -224,18 +224,6 @@ def widen_bf16_kernel(src_bits, dst_bits):  # pragma: no cover - compiled
             _widen_bf16_row(src_bits[i], dst_bits[i])
 
 
-@_jit
-def _fp16_widening_table():  # pragma: no cover - compiled
-    """The float32 bits of all 65,536 fp16 bit patterns, by fp16_widened_bits."""
-    table = np.empty(1 << 16, np.uint32)
-    for h in range(1 << 16):
-        table[h] = fp16_widened_bits(h)
-    return table
-
-
-FP16_WIDENED = _fp16_widening_table()  # every fp16 pattern's float32 bits (tests use it)
-
-
 @_inline
 def _widened(h, fp16):  # pragma: no cover - compiled
     return fp16_widened_bits_by_float(h) if fp16 else h << 16
