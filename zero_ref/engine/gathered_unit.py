@@ -236,9 +236,9 @@ def gathered_units_for(
 
 def stage3_plan(cfg, layout, prefetches: bool) -> PrefetchPlan:
     """The gathered-unit plan of a config and layout (formulas.memory.prefetch_plan)."""
-    numels = [u.padded_numel for u in layout.units]
+    numels, ov = [u.padded_numel for u in layout.units], cfg.overlap
     return prefetch_plan(
-        numels, prefetches, cfg.prefetch_numel, cfg.max_live_numel, cfg.persistence_numel
+        numels, prefetches, ov.prefetch_numel, ov.max_live_numel, ov.persistence_numel
     )
 
 
