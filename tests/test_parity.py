@@ -51,7 +51,7 @@ STEP_LRS = [None, 1e-3, 1e-2, 3e-2]  # each step's lr, as a schedule sets it; No
 def precision_options(mixed: bool) -> st.SearchStrategy:
     """Precision settings: fp32 only, or also fp16 (with a loss scaler that may
     start high enough to overflow and skip steps) and bf16, with any gradient
-    accumulation and wire dtype (zero_ref/config.py)."""
+    accumulation and wire dtype (zero_ref/config/)."""
     if not mixed:
         return st.just({})
     return st.sampled_from(["fp32", "fp16", "bf16"]).flatmap(
@@ -204,7 +204,7 @@ def qwz_allowed(drawn: dict) -> dict:
 
 def hpz_allowed(drawn: dict) -> dict:
     """hpZ is stage 3's, its partition size divides the world size, and its secondary
-    copy is not kept beside parameters offloaded to NVMe (config.py refuses both)."""
+    copy is not kept beside parameters offloaded to NVMe (ZeroConfig refuses both)."""
     size, offload = drawn.get("hpz"), drawn.get("offload") or {}
     if size in (None, 1):
         return drawn
@@ -216,7 +216,7 @@ def hpz_allowed(drawn: dict) -> dict:
 
 
 def hybrid_allowed(drawn: dict) -> dict:
-    """Hybrid sharding is stages 1-3's, its size divides the world, and config.py refuses
+    """Hybrid sharding is stages 1-3's, its size divides the world, and ZeroConfig refuses
     it with hpZ and with NVMe offload."""
     size = drawn.get("hybrid")
     if size is None:

@@ -154,7 +154,7 @@ class GatheredUnits:
 
     # ---- where a unit goes
     def _kept(self, i: Key) -> Slot | None:
-        """A persistent unit's own buffer (never a quantized gather: config.py refuses)."""
+        """A persistent unit's own buffer (never a quantized gather: ZeroConfig refuses)."""
         return self.kept.get(i[0]) if not i[1] else None
 
     def _holding(self, i: Key) -> Slot | None:
