@@ -25,7 +25,7 @@ POLICY_WORDS = re.compile(
     re.IGNORECASE,
 )
 ZEROPP_WORDS = re.compile(
-    r"qwz|hpz|qgz|quantiz|secondary|partition_size|hybrid|replica|hops", re.IGNORECASE
+    r"qwz|hpz|qgz|zeropp|quantiz|secondary|partition_size|hybrid|replica|hops", re.IGNORECASE
 )
 
 

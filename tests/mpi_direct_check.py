@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mpi_checks import run_checks  # noqa: E402  (beside this script, which runs by path)
 
 from zero_ref.comm.choose import comm_for  # noqa: E402
-from zero_ref.config import ZeroConfig  # noqa: E402
+from zero_ref.config import MixedPrecisionConfig, ZeroConfig  # noqa: E402
 from zero_ref.engine.ladder import make_engine  # noqa: E402
 from zero_ref.gpu import device, mpi_support  # noqa: E402
 from zero_ref.models.unit import init_params  # noqa: E402
@@ -32,9 +32,10 @@ COPIES = ("device_to_host", "host_to_device")
 CASES = [(0, "fp32"), (1, "fp16"), (2, "bf16"), (3, "bf16"), (3, "fp16")]  # the simulator is slow
 
 
-def train(world: MPI.Comm, **cfg) -> tuple[np.ndarray, list, object]:
+def train(world: MPI.Comm, precision: str, **cfg) -> tuple[np.ndarray, list, object]:
     model = ReplayModel(UNITS)
-    config = ZeroConfig(deterministic=True, grad_accum=2, clip=0.5, **cfg)
+    mixed = MixedPrecisionConfig(dtype=precision)
+    config = ZeroConfig(deterministic=True, grad_accum=2, clip=0.5, mixed_precision=mixed, **cfg)
     engine = make_engine(model, init_params(model, 0), config, comm_for(world.Dup(), config))
     results = []
     for step in range(2):

@@ -18,7 +18,7 @@ from mpi_checks import run_checks
 
 from zero_ref.comm.hierarchical import HierarchicalComm
 from zero_ref.comm.reduction import OrderedReduction
-from zero_ref.config import AdamWConfig, ZeroConfig
+from zero_ref.config import AdamWConfig, OverlapConfig, ZeroConfig
 from zero_ref.engine.ladder import make_engine
 from zero_ref.models.unit import init_params
 from zero_ref.oracle.single_rank import Oracle
@@ -42,7 +42,7 @@ def same(a: dict, b: dict) -> bool:
 def run_case(stage: int, overlap: bool, host_of) -> tuple[bool, bool]:
     """(bitwise the two-level oracle at every step, bitwise the flat one at every step)."""
     cfg = ZeroConfig(stage=stage, bucket_numel=64, grad_accum=2, deterministic=True,
-                     overlap_comm=overlap, collectives="hierarchical",
+                     overlap=OverlapConfig(comm=overlap, collectives="hierarchical"),
                      optimizer=AdamWConfig(lr=1e-2, weight_decay=0.1))  # fmt: skip
     model = ReplayModel(UNITS)
     init = init_params(model, 3)

@@ -21,7 +21,7 @@ from mpi4py import MPI
 
 from zero_ref.app.rank_estimate import state_bytes
 from zero_ref.comm.choose import comm_for
-from zero_ref.config import ZeroConfig
+from zero_ref.config import MixedPrecisionConfig, OverlapConfig, ZeroConfig, ZeroPPConfig
 from zero_ref.engine.ladder import make_engine
 from zero_ref.models.unit import init_params
 from zero_ref.testing.replay import ReplayModel
@@ -47,10 +47,10 @@ def main() -> None:
     cfg = ZeroConfig(
         stage=3,
         deterministic=True,
-        precision=precision,
         grad_accum=2,
-        overlap_comm=overlap,
-        hpz_partition_size=partition,
+        mixed_precision=MixedPrecisionConfig(dtype=precision),
+        overlap=OverlapConfig(comm=overlap),
+        zeropp=ZeroPPConfig(hpz_partition_size=partition),
     )
     world = MPI.COMM_WORLD
     model = ReplayModel(UNITS)

@@ -28,7 +28,7 @@ from mpi_comm_check import Checks  # failures collected per rank, as there
 
 from zero_ref.comm.collectives import Comm, MPIReduction, OrderedReduction
 from zero_ref.comm.progress import progress_for
-from zero_ref.config import ZeroConfig
+from zero_ref.config import OverlapConfig, ZeroConfig
 from zero_ref.engine.gathered_unit import key_of
 from zero_ref.engine.ladder import make_engine
 from zero_ref.models.unit import init_params
@@ -106,7 +106,7 @@ def check_calls(mpi: MPI.Comm, check: Checks) -> None:
 
 def engine_for(mpi: MPI.Comm, **cfg):
     model = ReplayModel(UNITS)
-    config = ZeroConfig(deterministic=True, overlap_comm=True, bucket_numel=8, **cfg)
+    config = ZeroConfig(deterministic=True, overlap=OverlapConfig(comm=True), bucket_numel=8, **cfg)
     comm = Comm(mpi, OrderedReduction())
     return make_engine(model, init_params(model, 3), config, comm), model
 

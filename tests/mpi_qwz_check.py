@@ -23,7 +23,7 @@ from mpi4py import MPI
 
 from zero_ref.app.rank_estimate import state_bytes
 from zero_ref.comm.choose import comm_for
-from zero_ref.config import ZeroConfig
+from zero_ref.config import MixedPrecisionConfig, ZeroConfig, ZeroPPConfig
 from zero_ref.engine.ladder import make_engine
 from zero_ref.models.unit import init_params
 from zero_ref.oracle.single_rank import Oracle
@@ -37,9 +37,8 @@ def main() -> None:
     cfg = ZeroConfig(
         stage=3,
         deterministic=True,
-        precision=precision,
-        quantized_weights=True,
-        quantize_block=block,
+        mixed_precision=MixedPrecisionConfig(dtype=precision),
+        zeropp=ZeroPPConfig(quantized_weights=True, quantize_block=block),
     )
     model = ReplayModel(UNITS)
     init = init_params(model, 3)

@@ -28,13 +28,21 @@ from zero_ref.checkpoint.reader import Checkpoint
 from zero_ref.checkpoint.space import check_save_space
 from zero_ref.checkpoint.writer import save_checkpoint
 from zero_ref.comm.choose import comm_for
-from zero_ref.config import AdamWConfig, ZeroConfig
+from zero_ref.config import (
+    AdamWConfig,
+    HybridConfig,
+    LossScaleConfig,
+    MixedPrecisionConfig,
+    OffloadConfig,
+    OverlapConfig,
+    ZeroConfig,
+    ZeroPPConfig,
+)
 from zero_ref.engine.ladder import make_engine
 from zero_ref.engine.memory import formula_bytes
 from zero_ref.layout.flat import tensor_views
 from zero_ref.layout.grad_blocks import plan_wire
 from zero_ref.models.unit import init_params
-from zero_ref.optim.loss_scale import LossScaleConfig
 from zero_ref.oracle.single_rank import GradientBlocks, Oracle
 from zero_ref.testing.engine_state import full_parameters
 from zero_ref.testing.replay import ReplayModel
@@ -93,23 +101,27 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
         deterministic=case["deterministic"],
         optimizer=opt,
         checkpoint_activations=case.get("checkpoint_activations", False),
-        precision=case.get("precision", "fp32"),
-        grad_accum_dtype=case.get("grad_accum_dtype"),
-        communication_data_type=case.get("communication_data_type"),
-        loss_scale=LossScaleConfig(**case.get("loss_scale", {})),
         nonfinite=case.get("nonfinite", "raise"),
         device=case.get("device", "cpu"),
-        **offload_settings(case),
-        **(case.get("overlap") or {}),  # overlap_comm, progress, prefetch_numel, ...
-        **(qwz_settings(case) | qgz_settings(case)),  # one quantize_block if both
-        hpz_partition_size=case.get("hpz") or 1,  # hpZ: a partition size, or "host"
-        hybrid_shard_size=case.get("hybrid"),  # hybrid sharding: a shard group size, or None
+        mixed_precision=MixedPrecisionConfig(
+            dtype=case.get("precision", "fp32"),
+            grad_accum_dtype=case.get("grad_accum_dtype"),
+            communication_data_type=case.get("communication_data_type"),
+            loss_scale=LossScaleConfig(**case.get("loss_scale", {})),
+        ),
+        offload=offload_settings(case),
+        overlap=OverlapConfig(**(case.get("overlap") or {})),  # comm, progress, prefetch...
+        zeropp=ZeroPPConfig(
+            **(qwz_settings(case) | qgz_settings(case)),  # one quantize_block if both
+            hpz_partition_size=case.get("hpz") or 1,  # hpZ: a partition size, or "host"
+        ),
+        hybrid=HybridConfig(shard_size=case.get("hybrid")),  # a shard group size, or None
     )
     model, batches = build_model(case)
     init = init_params(model, case["seed"])
     comm = comm_for(world, cfg)
     k, w, steps = cfg.grad_accum, comm.size, []
-    shard = comm.size if cfg.hybrid_shard_size == "host" else None  # one host: G = W
+    shard = comm.size if cfg.hybrid.shard_size == "host" else None  # one host: G = W
     oracle = Oracle.for_config(init, cfg, model, shard) if comm.rank == 0 else None
     first = 0
     if case.get("resume_from"):
@@ -175,13 +187,13 @@ def run_case(case: dict, world: MPI.Comm) -> dict | None:
 
 
 def qwz_settings(case: dict) -> dict:
-    """ZeroConfig's qwZ fields for a case with "qwz": {quantize_block} (stage 3)."""
+    """ZeroPPConfig's qwZ fields for a case with "qwz": {quantize_block} (stage 3)."""
     qwz = case.get("qwz")
     return {} if not qwz else {"quantized_weights": True, "quantize_block": qwz["quantize_block"]}
 
 
 def qgz_settings(case: dict) -> dict:
-    """ZeroConfig's qgZ fields for a case with "qgz": {quantize_block, bits, local} (stages
+    """ZeroPPConfig's qgZ fields for a case with "qgz": {quantize_block, bits, local} (stages
     1-3; bits 8 and local "host", one host's one hop, when not named)."""
     qgz = case.get("qgz")
     if not qgz:
@@ -200,25 +212,24 @@ def phase_gradient_blocks(model, phase: dict) -> GradientBlocks | None:
     that run's quantization of its gradients, not this one's."""
     if not phase.get("qgz"):
         return None
-    cfg = ZeroConfig(
-        stage=3,
-        bucket_numel=phase["bucket_numel"],
+    zeropp = ZeroPPConfig(
         quantized_weights=bool(phase.get("qwz")),  # qwZ's alignment moves qgZ's blocks
         **qgz_settings(phase),
     )
+    cfg = ZeroConfig(stage=3, bucket_numel=phase["bucket_numel"], zeropp=zeropp)
     return GradientBlocks.for_model(model, cfg)
 
 
-def offload_settings(case: dict) -> dict:
-    """ZeroConfig's offload fields for a case with "offload": {sub_group_size,
-    buffer_count}: the optimizer state in swap files under the temp folder; or
-    "offload": "cpu" (with "device": "gpu"): ZeRO-Offload."""
+def offload_settings(case: dict) -> OffloadConfig:
+    """The OffloadConfig of a case with "offload": {sub_group_size, buffer_count, param}:
+    the optimizer state in swap files under the temp folder; or "offload": "cpu" (with
+    "device": "gpu"): ZeRO-Offload."""
     offload = case.get("offload")
     if not offload:
-        return {}
+        return OffloadConfig()
     if offload == "cpu":
-        return {"offload_optimizer": "cpu"}
-    return {"offload_optimizer": "nvme", "nvme_path": tempfile.gettempdir(), **offload}
+        return OffloadConfig(optimizer="cpu")
+    return OffloadConfig(optimizer="nvme", nvme_path=tempfile.gettempdir(), **offload)
 
 
 def replay_history(oracle: Oracle, model, batches, history: list[dict], k: int) -> None:
@@ -295,11 +306,11 @@ def qgz_blocks(engine) -> dict | None:
     """qgZ's GradientWire per micro-step (a destination row's values and blocks, over the
     bucket plan) as its dict, or None."""
     cfg = engine.cfg
-    if not cfg.quantized_gradients:
+    if not cfg.zeropp.quantized_gradients:
         return None
     padded = [u.padded_numel for u in engine.layout.units]
-    world, bits = engine.layout.world_size, cfg.quantized_gradient_bits
-    wire = plan_wire(padded, world, cfg.bucket_numel, cfg.quantize_block, bits)
+    world, bits = engine.layout.world_size, cfg.zeropp.quantized_gradient_bits
+    wire = plan_wire(padded, world, cfg.bucket_numel, cfg.zeropp.quantize_block, bits)
     return dataclasses.asdict(wire)
 
 

@@ -202,7 +202,7 @@ def fake_engine(layout, rank: int, states: dict[str, dict[str, np.ndarray]]):
 
     return SimpleNamespace(
         layout=layout, rank=rank, shard_rank=rank, world=layout.world_size, stage=3, step_count=7,
-        owned_state=owned_state, cfg=SimpleNamespace(precision="fp32"), scaler=None,
+        owned_state=owned_state, cfg=ZeroConfig(), scaler=None,
         release_offloaded=lambda: None, release_pages=lambda view: None,
     )  # fmt: skip
 

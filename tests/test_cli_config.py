@@ -62,11 +62,11 @@ def test_every_key_maps(tmp_path):
         assert notes.count(key) == 1, key  # read and noted: no effect here, pin_memory
     for key in ("overlap_comm", "stage3_prefetch_bucket_size", "stage3_max_live_parameters"):
         assert key not in notes, key  # implemented: they set the engine's overlap
-    assert z.overlap_comm and (z.prefetch_numel, z.max_live_numel) == (10**6, 10**9)
+    assert z.overlap.comm and (z.overlap.prefetch_numel, z.overlap.max_live_numel) == (10**6, 10**9)
     assert "offload_param" not in notes  # device "none" asks for nothing
     assert "fp16" not in notes and "bf16" not in notes  # both implemented
-    assert z.precision == "bf16"
-    assert z.sub_group_size == 10**9 and z.offload_optimizer == "none"  # pin_memory: noted
+    assert z.mixed_precision.dtype == "bf16"
+    assert z.offload.sub_group_size == 10**9 and z.offload.optimizer == "none"  # pin_memory: noted
 
 
 def test_flags_override_the_file(tmp_path):
@@ -264,7 +264,9 @@ def test_the_hpz_key_takes_what_the_flag_takes(tmp_path, size, expected):
     cfg = {"zero_optimization": {"stage": 3, "zero_hpz_partition_size": size}}
     from_key = parse_args(["--config", write(tmp_path, cfg)], world_size=2).zero
     from_flag = parse_args(["--stage", "3", "--hpz-partition-size", str(size)], world_size=2)
-    assert from_key.hpz_partition_size == from_flag.zero.hpz_partition_size == expected
+    assert (
+        from_key.zeropp.hpz_partition_size == from_flag.zero.zeropp.hpz_partition_size == expected
+    )
     for bad in ("hosts", 0, True, 1.5):
         with pytest.raises(ConfigError, match="must be an integer >= 1 or 'host'"):
             parse_config({"zero_optimization": {"zero_hpz_partition_size": bad}})
@@ -348,7 +350,7 @@ def test_every_grad_accum_dtype_name_means_what_it_means_in_deepspeed(tmp_path, 
     precision = "bf16" if dtype == "fp32" else dtype  # fp32 accumulation under bf16
     cfg = {precision: {"enabled": True}, "data_types": {"grad_accum_dtype": name}}
     zero = parse_args(["--config", write(tmp_path, cfg)], world_size=2).zero
-    assert zero.grad_dtype == dtype, name
+    assert zero.mixed_precision.grad_dtype == dtype, name
 
 
 @pytest.mark.parametrize("name, dtype", sorted(COMM_DTYPES.items()))
@@ -357,7 +359,7 @@ def test_every_communication_dtype_name_means_what_it_means_in_deepspeed(tmp_pat
     if dtype == "fp16":
         cfg = {"fp16": {"enabled": True}, "communication_data_type": name}
     zero = parse_args(["--config", write(tmp_path, cfg)], world_size=2).zero
-    assert zero.comm_dtype == dtype, name
+    assert zero.mixed_precision.comm_dtype == dtype, name
 
 
 def test_dtype_names_deepspeed_does_not_read_are_refused():
@@ -488,11 +490,13 @@ def test_a_moot_key_says_so_as_its_flag_does(tmp_path):
 
 def test_the_live_budget_is_checked_only_at_stage_3():
     """stage3_max_live_parameters at stage 1 was refused as below "what stage 3 must hold"."""
-    from zero_ref.config import ZeroConfig
+    from zero_ref.config import OverlapConfig, ZeroConfig
     from zero_ref.formulas.memory import overlap_buffers
 
     for stage in (0, 1, 2):
-        overlap_buffers([100, 300], ZeroConfig(stage=stage, max_live_numel=5))
-    overlap_buffers([100, 300], ZeroConfig(stage=3, max_live_numel=300))
+        overlap_buffers(
+            [100, 300], ZeroConfig(stage=stage, overlap=OverlapConfig(max_live_numel=5))
+        )
+    overlap_buffers([100, 300], ZeroConfig(stage=3, overlap=OverlapConfig(max_live_numel=300)))
     with pytest.raises(ValueError, match="max_live_numel=299 .* allowed: >= 300"):
-        overlap_buffers([100, 300], ZeroConfig(stage=3, max_live_numel=299))
+        overlap_buffers([100, 300], ZeroConfig(stage=3, overlap=OverlapConfig(max_live_numel=299)))

@@ -261,10 +261,10 @@ def test_each_example_config_is_the_default_run_at_its_stage(config):
     from zero_ref.app.cli import parse_args
 
     file = parse_args(["--config", str(config)], world_size=4)
-    same = ["--stage", str(file.zero.stage), "--precision", file.zero.precision]
+    same = ["--stage", str(file.zero.stage), "--precision", file.zero.mixed_precision.dtype]
     for flag in ("grad_accum_dtype", "communication_data_type"):
-        if getattr(file.zero, flag):
-            same += [f"--{flag.replace('_', '-')}", getattr(file.zero, flag)]
+        if getattr(file.zero.mixed_precision, flag):
+            same += [f"--{flag.replace('_', '-')}", getattr(file.zero.mixed_precision, flag)]
     flags = parse_args(same, world_size=4)
     assert file.zero.optimizer == flags.zero.optimizer
     assert file.zero == flags.zero

@@ -255,7 +255,7 @@ def test_overlapped_estimate_equals_the_ledger(corpus, stage, flags):
     engine.close()
     assert held == {k: getattr(est, k) for k in held}
     assert "bucket_staging (lane 1)" in buffers
-    live = parsed.zero.max_live_numel
+    live = parsed.zero.overlap.max_live_numel
     if live is not None:
         gathered = sum(
             v for n, v in buffers.items() if n.startswith(("gathered_unit", "persistent"))

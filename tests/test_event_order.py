@@ -20,7 +20,7 @@ import pytest
 from mpi4py import MPI
 
 from zero_ref.comm.choose import comm_for
-from zero_ref.config import ZeroConfig
+from zero_ref.config import OverlapConfig, ZeroConfig
 from zero_ref.engine.ladder import make_engine
 from zero_ref.io.trace import Trace
 from zero_ref.models.unit import init_params
@@ -37,12 +37,13 @@ UNITS = [
 STEPS = 3
 
 
-def traced_run(stage: int, **options) -> tuple[list[dict], list[str]]:
-    """STEPS steps of a ReplayModel on one rank with a trace; the trace's events in the
-    order they were recorded (each at its end: the main thread's order of events), and
-    the units' names."""
+def traced_run(stage: int, grad_accum: int = 1, **overlap) -> tuple[list[dict], list[str]]:
+    """STEPS steps of a ReplayModel on one rank with a trace, under --overlap-comm and
+    `overlap`'s other OverlapConfig fields; the trace's events in the order they were
+    recorded (each at its end: the main thread's order of events), and the units' names."""
     model = ReplayModel(UNITS)
-    cfg = ZeroConfig(stage=stage, bucket_numel=16, overlap_comm=True, **options)
+    overlapping = OverlapConfig(comm=True, **overlap)
+    cfg = ZeroConfig(stage=stage, bucket_numel=16, grad_accum=grad_accum, overlap=overlapping)
     engine = make_engine(model, init_params(model, 0), cfg, comm_for(MPI.COMM_SELF, cfg))
     trace = Trace(0)
     engine.attach_trace(trace)
@@ -152,7 +153,9 @@ def test_every_bucket_has_landed_when_backward_ends(stage, grad_accum):
     model = ReplayModel(UNITS)
     engines = []
     for overlap in (False, True):
-        cfg = ZeroConfig(stage=stage, bucket_numel=16, overlap_comm=overlap, grad_accum=grad_accum)
+        cfg = ZeroConfig(
+            stage=stage, bucket_numel=16, grad_accum=grad_accum, overlap=OverlapConfig(comm=overlap)
+        )
         engines.append(make_engine(model, init_params(model, 0), cfg, comm_for(MPI.COMM_SELF, cfg)))
     blocking, overlapped = engines
     plan = overlapped.buckets.plan

@@ -18,7 +18,7 @@ from tests.test_parity import (
     run,
 )
 from zero_ref.comm.choose import comm_for
-from zero_ref.config import ZeroConfig
+from zero_ref.config import MixedPrecisionConfig, OffloadConfig, ZeroConfig
 from zero_ref.engine.ladder import make_engine
 from zero_ref.gpu.device import DeviceSetupError, simulated
 from zero_ref.models.unit import init_params
@@ -33,9 +33,14 @@ BF16 = {"precision": "bf16"}
 SMALL = [("u0", [("w", (6, 7)), ("s", ())]), ("u1", [("b", (11,)), ("c", (0,))])]
 
 
-def train(device: str, steps: int = 2, **cfg):
+def train(device: str, steps: int = 2, precision: str = "fp32", offload: str = "none", **cfg):
+    """`offload`: where the optimizer state lives (OffloadConfig.optimizer)."""
     model = ReplayModel(SMALL)
-    config = ZeroConfig(deterministic=True, device=device, grad_accum=2, clip=0.5, **cfg)
+    mixed, where = MixedPrecisionConfig(dtype=precision), OffloadConfig(optimizer=offload)
+    config = ZeroConfig(
+        deterministic=True, device=device, grad_accum=2, clip=0.5,
+        mixed_precision=mixed, offload=where, **cfg,
+    )  # fmt: skip
     engine = make_engine(model, init_params(model, 0), config, comm_for(MPI.COMM_SELF, config))
     results = [
         engine.train_step(model.contexts(1, step, 2, 1)[:, 0], np.zeros((2, 1)))
@@ -81,14 +86,14 @@ def test_a_gpu_run_is_bitwise_the_cpu_run(stage, precision):
         pinned(TINY_UNITS, stage=2, world=3, device="gpu", precision=BF16_FP32_ACCUM),
         pinned(TINY_UNITS, stage=3, world=4, device="gpu", bucket_numel=5),
         # --overlap-comm through the staged path: a host buffer pair per lane
-        pinned(TINY_UNITS, stage=2, world=3, device="gpu", overlap={"overlap_comm": True}),
+        pinned(TINY_UNITS, stage=2, world=3, device="gpu", overlap={"comm": True}),
         pinned(
             TINY_UNITS,
             stage=3,
             world=2,
             device="gpu",
             precision=BF16_FP32_ACCUM,
-            overlap={"overlap_comm": True, "prefetch_numel": 1 << 20},
+            overlap={"comm": True, "prefetch_numel": 1 << 20},
         ),  # fmt: skip
         pinned(
             TINY_UNITS,
@@ -96,7 +101,7 @@ def test_a_gpu_run_is_bitwise_the_cpu_run(stage, precision):
             world=3,
             device="gpu",
             precision=FP16_OVERFLOWING,
-            overlap={"overlap_comm": True},
+            overlap={"comm": True},
         ),  # fmt: skip
     ],
     ids=[
@@ -125,9 +130,7 @@ def test_zero_offload_is_bitwise_the_cpu_run_and_moves_4_psi_over_n(stage, preci
     """--offload-optimizer cpu: the fp32 state in RAM, the 16-bit params and grads on the
     device; each step's gradient shard down and parameter shard up, counted apart."""
     cpu, cpu_steps, a = train("cpu", steps=3, stage=stage, precision=precision)
-    gpu, gpu_steps, b = train(
-        "gpu", steps=3, stage=stage, precision=precision, offload_optimizer="cpu"
-    )
+    gpu, gpu_steps, b = train("gpu", steps=3, stage=stage, precision=precision, offload="cpu")
     assert np.array_equal(cpu.view(np.uint8), gpu.view(np.uint8))
     assert repr(cpu_steps) == repr(gpu_steps)
     in_ram, on_device = b.memory.bytes_by_category(), b.memory.device_bytes_by_category()
@@ -162,7 +165,7 @@ def test_without_a_gpu_the_error_says_what_is_missing(monkeypatch):
 
 def test_gpu_with_nvme_offload_is_refused_by_name():
     with pytest.raises(ValueError, match="device='gpu' is not allowed"):
-        ZeroConfig(stage=3, device="gpu", offload_optimizer="nvme", nvme_path="/tmp")
+        ZeroConfig(stage=3, device="gpu", offload=OffloadConfig(optimizer="nvme", nvme_path="/tmp"))
 
 
 def test_forcing_cuda_aware_mpi_on_the_pypi_mpich_is_one_message_and_exit_2():
@@ -251,7 +254,7 @@ def test_on_cupy_like_arrays_a_gpu_run_is_still_bitwise_the_cpu_run(
     from zero_ref.testing.emulated_device import DeviceArray
 
     cpu, cpu_steps, _ = train("cpu", stage=stage, precision=precision)
-    gpu, gpu_steps, b = train("gpu", stage=stage, precision=precision, offload_optimizer=offload)
+    gpu, gpu_steps, b = train("gpu", stage=stage, precision=precision, offload=offload)
     assert type(b.owned_slices()[0][0]) is DeviceArray  # the emulation was in force
     if precision == "bf16":
         assert b.owned_slices()[0][0].dtype == np.uint16  # bf16's bits, as on a GPU
@@ -266,7 +269,12 @@ def test_the_gpt_trains_on_cupy_like_arrays(emulated_cupy):
 
     def losses(device: str) -> list[float]:
         model = GPT(GPTConfig(vocab_size=11, context=4, n_layer=1, n_head=2, d_model=8))
-        cfg = ZeroConfig(deterministic=True, device=device, stage=3, precision="bf16")
+        cfg = ZeroConfig(
+            deterministic=True,
+            device=device,
+            stage=3,
+            mixed_precision=MixedPrecisionConfig(dtype="bf16"),
+        )
         engine = make_engine(model, init_params(model, 0), cfg, comm_for(MPI.COMM_SELF, cfg))
         rng = np.random.default_rng(0)
         out = []
@@ -305,7 +313,12 @@ def test_what_host_code_reads_of_a_gpu_run_is_host_memory(emulated_cupy, stage):
     from zero_ref.models.gpt import GPT, GPTConfig
 
     model = GPT(GPTConfig(vocab_size=11, context=4, n_layer=1, n_head=2, d_model=8))
-    cfg = ZeroConfig(deterministic=True, device="gpu", stage=stage, precision="bf16")
+    cfg = ZeroConfig(
+        deterministic=True,
+        device="gpu",
+        stage=stage,
+        mixed_precision=MixedPrecisionConfig(dtype="bf16"),
+    )
     engine = make_engine(model, init_params(model, 0), cfg, comm_for(MPI.COMM_SELF, cfg))
     ids = np.random.default_rng(0).integers(0, 11, (1, 2, 4))
     engine.train_step(ids, np.roll(ids, -1, axis=-1))

@@ -7,7 +7,7 @@ import pytest
 
 from tests.mpi_pool import run_mpi_checks
 from zero_ref.comm.hier_order import gathered_order, placement, spans_hosts, two_level_bytes
-from zero_ref.config import ZeroConfig
+from zero_ref.config import OverlapConfig, ZeroConfig, ZeroPPConfig
 
 
 def test_placement_orders_hosts_by_lowest_rank_and_refuses_unequal_hosts():
@@ -32,10 +32,14 @@ def test_each_host_receives_the_other_hosts_data_once():
 
 def test_the_setting_is_checked():
     with pytest.raises(ValueError, match="collectives"):
-        ZeroConfig(collectives="nccl")
+        ZeroConfig(overlap=OverlapConfig(collectives="nccl"))
     with pytest.raises(ValueError, match="hierarchical.*hpz_partition_size"):
-        ZeroConfig(stage=3, collectives="hierarchical", hpz_partition_size=2)
-    assert ZeroConfig().collectives == "auto"
+        ZeroConfig(
+            stage=3,
+            overlap=OverlapConfig(collectives="hierarchical"),
+            zeropp=ZeroPPConfig(hpz_partition_size=2),
+        )
+    assert ZeroConfig().overlap.collectives == "auto"
 
 
 def test_two_level_collectives_over_fake_hosts():

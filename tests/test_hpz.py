@@ -20,7 +20,7 @@ from zero_ref.app.report import comm_table
 from zero_ref.comm.choose import comm_for
 from zero_ref.comm.groups import group_ranks
 from zero_ref.comm.ledger import HierarchicalGathers
-from zero_ref.config import ZeroConfig
+from zero_ref.config import OffloadConfig, ZeroConfig, ZeroPPConfig
 from zero_ref.engine.gathered_unit import gathers_by_kind
 from zero_ref.engine.ladder import make_engine
 from zero_ref.formulas.memory import prefetch_plan
@@ -78,39 +78,42 @@ def test_a_partition_size_that_does_not_divide_the_world_is_refused():
         group_ranks(6, 4)
     assert group_ranks(4, 2) == [range(0, 2), range(2, 4)]  # DeepSpeed's consecutive groups
     model = ReplayModel([("u0", [("w", (6,))])])
-    cfg = ZeroConfig(stage=3, hpz_partition_size=2)
+    cfg = ZeroConfig(stage=3, zeropp=ZeroPPConfig(hpz_partition_size=2))
     with pytest.raises(ValueError, match="hpz_partition_size 2 does not divide .* 1"):
         make_engine(model, init_params(model, 0), cfg, comm_for(MPI.COMM_SELF, cfg))
 
 
+HPZ = ZeroPPConfig(hpz_partition_size=2)
+ALL_ON_NVME = OffloadConfig(optimizer="nvme", param="nvme", nvme_path="/tmp")
+
+
 @pytest.mark.parametrize(
-    ("changes", "match"),
+    ("build", "match"),
     [
-        ({"stage": 2}, "1 below stage 3"),
-        ({"offload_param": "nvme", "nvme_path": "/tmp"}, "offload_param 'nvme'"),
-        ({"hpz_partition_size": 0}, "an integer >= 1"),
-        ({"hpz_partition_size": "node"}, "or 'host'"),
+        (lambda: ZeroConfig(stage=2, zeropp=HPZ), "1 below stage 3"),
+        (lambda: ZeroConfig(stage=3, zeropp=HPZ, offload=ALL_ON_NVME), "offload_param 'nvme'"),
+        (lambda: ZeroConfig(stage=3, zeropp=ZeroPPConfig(hpz_partition_size=0)), "an integer >= 1"),
+        (lambda: ZeroConfig(stage=3, zeropp=ZeroPPConfig(hpz_partition_size="node")), "or 'host'"),
     ],
 )
-def test_config_refuses_what_hpz_cannot_do(changes, match):
-    fields = {"stage": 3, "hpz_partition_size": 2} | changes
-    if "offload_param" in changes:
-        fields["offload_optimizer"] = "nvme"
+def test_config_refuses_what_hpz_cannot_do(build, match):
     with pytest.raises(ValueError, match=match):
-        ZeroConfig(**fields)
+        build()
 
 
 def test_deepspeed_key_and_flag_turn_hpz_on(tmp_path):
     """zero_optimization.zero_hpz_partition_size (deepspeed/runtime/zero/config.py, an
-    int, 1 = off) feeds ZeroConfig.hpz_partition_size; --hpz-partition-size takes 'host'."""
+    int, 1 = off) feeds ZeroPPConfig.hpz_partition_size; --hpz-partition-size takes 'host'."""
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2}}))
-    assert parse_args(["--config", str(path)], 4).zero.hpz_partition_size == 2
+    assert parse_args(["--config", str(path)], 4).zero.zeropp.hpz_partition_size == 2
     assert (
-        parse_args(["--stage", "3", "--hpz-partition-size", "host"], 4).zero.hpz_partition_size
+        parse_args(
+            ["--stage", "3", "--hpz-partition-size", "host"], 4
+        ).zero.zeropp.hpz_partition_size
         == "host"
     )
-    assert parse_args(["--stage", "3"], 4).zero.hpz_partition_size == 1
+    assert parse_args(["--stage", "3"], 4).zero.zeropp.hpz_partition_size == 1
     with pytest.raises((ValueError, SystemExit)):
         parse_args(["--stage", "3", "--hpz-partition-size", "two"], 4)
 

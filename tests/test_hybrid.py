@@ -19,7 +19,7 @@ from zero_ref.app.cli import parse_args
 from zero_ref.app.rank_estimate import estimate_for, model_for
 from zero_ref.comm.choose import comm_for
 from zero_ref.comm.groups import HYBRID_KIND
-from zero_ref.config import AdamWConfig, ZeroConfig
+from zero_ref.config import AdamWConfig, HybridConfig, OffloadConfig, ZeroConfig, ZeroPPConfig
 from zero_ref.engine.hybrid import replica_pieces, replica_sent_bytes
 from zero_ref.engine.ladder import make_engine
 from zero_ref.models.unit import init_params
@@ -66,39 +66,45 @@ def test_the_oracle_sums_each_group_then_the_groups():
     assert not np.array_equal(acc, flat)  # the two orders differ: the test tells them apart
 
 
+HYBRID = HybridConfig(shard_size=2)
+NVME = OffloadConfig(optimizer="nvme", nvme_path="/tmp")
+
+
 @pytest.mark.parametrize(
-    ("changes", "match"),
+    ("build", "match"),
     [
-        ({"stage": 0}, "None at stage 0"),
-        ({"hybrid_shard_size": 0}, "an integer >= 1 dividing the world size, or 'host'"),
-        ({"hybrid_shard_size": "node"}, "or 'host'"),
-        ({"hpz_partition_size": 2}, "with hpz_partition_size != 1"),
-        ({"offload_optimizer": "nvme", "nvme_path": "/tmp"}, "with NVMe offload"),
-        ({"device": "gpu"}, "with device 'gpu'"),
+        (lambda: ZeroConfig(stage=0, hybrid=HYBRID), "None at stage 0"),
+        (lambda: ZeroConfig(stage=3, hybrid=HybridConfig(shard_size=0)),
+         "an integer >= 1 dividing the world size, or 'host'"),
+        (lambda: ZeroConfig(stage=3, hybrid=HybridConfig(shard_size="node")), "or 'host'"),
+        (lambda: ZeroConfig(stage=3, hybrid=HYBRID, zeropp=ZeroPPConfig(hpz_partition_size=2)),
+         "with hpz_partition_size != 1"),
+        (lambda: ZeroConfig(stage=3, hybrid=HYBRID, offload=NVME), "with NVMe offload"),
+        (lambda: ZeroConfig(stage=3, hybrid=HYBRID, device="gpu"), "with device 'gpu'"),
     ],
-)
-def test_config_refuses_what_hybrid_sharding_cannot_do(changes, match):
+)  # fmt: skip
+def test_config_refuses_what_hybrid_sharding_cannot_do(build, match):
     with pytest.raises(ValueError, match=match):
-        ZeroConfig(**({"stage": 3, "hybrid_shard_size": 2} | changes))
+        build()
 
 
 def test_a_shard_size_that_does_not_divide_the_world_is_refused():
     model = ReplayModel([("u0", [("w", (6,))])])
-    cfg = ZeroConfig(stage=3, hybrid_shard_size=2)
+    cfg = ZeroConfig(stage=3, hybrid=HybridConfig(shard_size=2))
     with pytest.raises(ValueError, match="hybrid_shard_size 2 does not divide the world size 1"):
         make_engine(model, init_params(model, 0), cfg, comm_for(MPI.COMM_SELF, cfg))
 
 
 def test_deepspeed_key_and_flag_turn_hybrid_sharding_on(tmp_path):
     """zero_optimization.mics_shard_size (deepspeed/runtime/zero/config.py: an int, -1 =
-    off) feeds ZeroConfig.hybrid_shard_size; --hybrid-shard-size takes 'host' too."""
+    off) feeds HybridConfig.shard_size; --hybrid-shard-size takes 'host' too."""
     path = tmp_path / "ds.json"
     for value, expected in [(2, 2), (-1, None)]:
         path.write_text(json.dumps({"zero_optimization": {"stage": 3, "mics_shard_size": value}}))
-        assert parse_args(["--config", str(path)], 4).zero.hybrid_shard_size == expected
+        assert parse_args(["--config", str(path)], 4).zero.hybrid.shard_size == expected
     flags = ["--stage", "2", "--hybrid-shard-size"]
-    assert parse_args([*flags, "host"], 4).zero.hybrid_shard_size == "host"
-    assert parse_args(["--stage", "3"], 4).zero.hybrid_shard_size is None
+    assert parse_args([*flags, "host"], 4).zero.hybrid.shard_size == "host"
+    assert parse_args(["--stage", "3"], 4).zero.hybrid.shard_size is None
     for bad in (["--config", str(path)], [*flags, "two"]):
         if bad[0] == "--config":
             path.write_text(json.dumps({"zero_optimization": {"mics_shard_size": 0}}))

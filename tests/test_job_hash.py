@@ -114,9 +114,17 @@ def test_every_setting_on_one_rank_changes_the_configuration_part(tmp_path):
             assert any(line.startswith("configuration: rank 0") for line in lines), lines
             checked.append(f"{which}.{name}")
     # The enumeration reached the fields the issue names, inside the nested configs too.
-    for name in ("zero.stage", "zero.precision", "zero.bucket_numel", "zero.optimizer.lr"):
+    for name in (
+        "zero.stage",
+        "zero.mixed_precision.dtype",
+        "zero.bucket_numel",
+        "zero.optimizer.lr",
+    ):
         assert name in checked
-    assert "zero.loss_scale.hysteresis" in checked and "run.lr_schedule.kind" in checked
+    assert (
+        "zero.mixed_precision.loss_scale.hysteresis" in checked
+        and "run.lr_schedule.kind" in checked
+    )
 
 
 def test_settings_valid_only_beside_another_are_hashed():
@@ -125,7 +133,7 @@ def test_settings_valid_only_beside_another_are_hashed():
     for name, (beside, changed) in ONLY_BESIDE.items():
         base = parse_args([*BASE_ARGS, *beside])
         other = parse_args([*BASE_ARGS, *beside, *changed])
-        assert getattr(base.zero, name) != getattr(other.zero, name)
+        assert getattr(base.zero.zeropp, name) != getattr(other.zero.zeropp, name)
         mine, theirs = parts(base.run, base.zero), parts(other.run, other.zero)
         assert mine["configuration"] != theirs["configuration"], f"zero.{name} is not hashed"
 

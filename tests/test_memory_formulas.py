@@ -3,13 +3,11 @@ engine keeps, by its ledger name, what the formula says (not only their sum)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 from mpi4py import MPI
 
 from zero_ref.comm.collectives import Comm
-from zero_ref.config import ZeroConfig
+from zero_ref.config import HybridConfig, MixedPrecisionConfig, ZeroConfig, ZeroPPConfig
 from zero_ref.engine.ladder import make_engine
 from zero_ref.formulas.memory import (
     LADDER,
@@ -48,13 +46,14 @@ def test_each_buffer_the_engine_holds_is_the_formulas(stage, k, precision, grad,
     cfg = ZeroConfig(
         stage=stage,
         grad_accum=k,
-        precision=precision,
-        grad_accum_dtype=grad,
-        communication_data_type=wire,
         bucket_numel=8,
+        mixed_precision=MixedPrecisionConfig(
+            dtype=precision, grad_accum_dtype=grad, communication_data_type=wire
+        ),
     )
     engine = make_engine(model, init_params(model, 0), cfg, Comm(MPI.COMM_SELF))
-    sizes = element_bytes(cfg.precision, cfg.grad_dtype, cfg.comm_dtype)
+    mp = cfg.mixed_precision
+    sizes = element_bytes(mp.dtype, mp.grad_dtype, mp.comm_dtype)
     numels = [u.padded_numel for u in engine.layout.units]
     assert engine.buffer_bytes() == buffer_bytes(stage, numels, 1, 8, k, sizes)
 
@@ -73,7 +72,13 @@ def test_a_host_group_is_the_ranks_per_host_or_the_whole_world(field):
     """hpZ's group and the hybrid shard world read "host" the same way: the ranks per host
     where the caller knows it, else the world (an estimate before launch: one host)."""
     of = hpz_group_of if field == "hpz_partition_size" else shard_world_of
-    cfg = SimpleNamespace(**{field: "host"})
+
+    def config(size):
+        if field == "hpz_partition_size":
+            return ZeroConfig(stage=3, zeropp=ZeroPPConfig(hpz_partition_size=size))
+        return ZeroConfig(stage=3, hybrid=HybridConfig(shard_size=size))
+
+    cfg = config("host")
     assert of(cfg, 6, ranks_per_host=3) == 3
     assert of(cfg, 6) == 6
-    assert of(SimpleNamespace(**{field: 2}), 6, ranks_per_host=3) == 2
+    assert of(config(2), 6, ranks_per_host=3) == 2

@@ -13,7 +13,7 @@ from mpi4py import MPI
 from zero_ref.app.cli import parse_args
 from zero_ref.comm.collectives import Comm
 from zero_ref.comm.ledger import paper_sent_bytes
-from zero_ref.config import ZeroConfig
+from zero_ref.config import MixedPrecisionConfig, ZeroConfig
 from zero_ref.engine.ladder import make_engine
 from zero_ref.engine.memory import (
     CATEGORIES,
@@ -116,7 +116,12 @@ def test_one_rank_sends_nothing(stage):
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
 def test_engine_on_one_rank_holds_the_formula(stage, k, precision):
     model = ReplayModel([("u0", [("w", (3, 5)), ("s", ())]), ("u1", [("b", (7,))])])
-    cfg = ZeroConfig(stage=stage, grad_accum=k, precision=precision, bucket_numel=8)
+    cfg = ZeroConfig(
+        stage=stage,
+        grad_accum=k,
+        bucket_numel=8,
+        mixed_precision=MixedPrecisionConfig(dtype=precision),
+    )
     engine = make_engine(model, init_params(model, 0), cfg, Comm(MPI.COMM_SELF))
     held = engine.memory.bytes_by_category()
     sizes = element_bytes(precision, precision, precision)

@@ -21,7 +21,14 @@ from hypothesis import strategies as st
 from tests.test_parity import MLP, TINY_UNITS, units
 from zero_ref.comm.collectives import Comm
 from zero_ref.comm.reduction import MPIReduction, OrderedReduction
-from zero_ref.config import ZeroConfig
+from zero_ref.config import (
+    HybridConfig,
+    MixedPrecisionConfig,
+    OffloadConfig,
+    OverlapConfig,
+    ZeroConfig,
+    ZeroPPConfig,
+)
 from zero_ref.engine import minimal
 from zero_ref.engine.minimal import MINIMAL_FIELDS, MinimalEngine, check_minimal
 from zero_ref.models.unit import init_params
@@ -118,23 +125,21 @@ def test_minimal_across_odd_shapes(mpi_pools, drawn):
 
 # ---- what it refuses, without MPI
 REFUSED = {  # a setting of each policy the full engine adds, and a knob of its buckets
-    "precision": "bf16",
-    "offload_optimizer": "nvme",
-    "overlap_comm": True,
-    "device": "gpu",
-    "quantized_weights": True,
-    "hybrid_shard_size": 2,
-    "checkpoint_activations": True,
-    "nonfinite": "skip",
-    "bucket_numel": 7,
+    "precision": {"mixed_precision": MixedPrecisionConfig(dtype="bf16")},
+    "offload_optimizer": {"offload": OffloadConfig(optimizer="nvme", nvme_path="/tmp")},
+    "overlap_comm": {"overlap": OverlapConfig(comm=True)},
+    "device": {"device": "gpu"},
+    "quantized_weights": {"stage": 3, "zeropp": ZeroPPConfig(quantized_weights=True)},
+    "hybrid_shard_size": {"hybrid": HybridConfig(shard_size=2)},
+    "checkpoint_activations": {"checkpoint_activations": True},
+    "nonfinite": {"nonfinite": "skip"},
+    "bucket_numel": {"bucket_numel": 7},
 }
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_a_setting_of_the_full_engine_is_refused_by_name(name):
-    extra = {"nvme_path": "/tmp"} if name == "offload_optimizer" else {}
-    extra |= {"stage": 3} if name == "quantized_weights" else {}
-    cfg = ZeroConfig(**{name: REFUSED[name]}, **extra)
+    cfg = ZeroConfig(**REFUSED[name])
     with pytest.raises(ValueError, match=rf"does not implement .*{name}=") as got:
         check_minimal(cfg)
     assert "make_engine" in str(got.value)

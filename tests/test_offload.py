@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from mpi4py import MPI
 
 from tests.mpi_pool import mpirun_command, run_watched
 from zero_ref.comm.choose import comm_for
-from zero_ref.config import LossScaleConfig, ZeroConfig
+from zero_ref.config import LossScaleConfig, MixedPrecisionConfig, OffloadConfig, ZeroConfig
 from zero_ref.engine.ladder import make_engine
 from zero_ref.models.unit import init_params
 from zero_ref.offload.nvme import NvmeStore, check_space
@@ -26,10 +27,29 @@ from zero_ref.testing.replay import ReplayModel
 UNITS = [("u0", [("w", (30, 50)), ("s", ())]), ("u1", [("b", (70,)), ("c", (0,))])]
 
 
-def run(tmp_path: Path, steps: int = 3, units=UNITS, **cfg) -> tuple[np.ndarray, object]:
-    """Parameters after `steps` deterministic steps on one rank, and the engine."""
+IN_RAM = OffloadConfig()
+NVME = OffloadConfig(optimizer="nvme")  # the swap folder: each run's tmp_path
+
+
+def run(
+    tmp_path: Path,
+    steps: int = 3,
+    units=UNITS,
+    precision: str = "fp32",
+    loss_scale: LossScaleConfig | None = None,
+    offload: OffloadConfig = IN_RAM,
+    **cfg,
+) -> tuple[np.ndarray, object]:
+    """Parameters after `steps` deterministic steps on one rank, and the engine; swap
+    files (with an `offload` to "nvme") under tmp_path."""
     model = ReplayModel(units)
-    config = ZeroConfig(deterministic=True, nvme_path=str(tmp_path), **cfg)
+    mixed = MixedPrecisionConfig(dtype=precision, loss_scale=loss_scale or LossScaleConfig())
+    config = ZeroConfig(
+        deterministic=True,
+        mixed_precision=mixed,
+        offload=replace(offload, nvme_path=str(tmp_path)),
+        **cfg,
+    )
     engine = make_engine(model, init_params(model, 0), config, comm_for(MPI.COMM_SELF, config))
     k = config.grad_accum
     for step in range(steps):
@@ -43,9 +63,7 @@ def run(tmp_path: Path, steps: int = 3, units=UNITS, **cfg) -> tuple[np.ndarray,
 def test_offloaded_run_is_bitwise_the_in_ram_run(tmp_path, stage, precision):
     common = dict(stage=stage, precision=precision, grad_accum=2, clip=0.5)
     in_ram, a = run(tmp_path, **common)
-    offloaded, b = run(
-        tmp_path, offload_optimizer="nvme", sub_group_size=64, buffer_count=3, **common
-    )
+    offloaded, b = run(tmp_path, offload=replace(NVME, sub_group_size=64, buffer_count=3), **common)
     assert np.array_equal(in_ram.view(np.uint8), offloaded.view(np.uint8))
     assert b.memory.bytes_by_category()["optimizer"] == 0
     assert (
@@ -63,7 +81,7 @@ def test_sub_groups_moved_with_o_direct_are_bitwise_too(tmp_path):
     units = [("u0", [("w", (3, 7))]), ("u1", [("b", (20_000,))])]  # u1 starts off a block
     common = dict(units=units, stage=2, precision="bf16", grad_accum=2, clip=0.5)
     in_ram, a = run(tmp_path, **common)
-    offloaded, b = run(tmp_path, offload_optimizer="nvme", sub_group_size=2048, **common)
+    offloaded, b = run(tmp_path, offload=replace(NVME, sub_group_size=2048), **common)
     assert np.array_equal(in_ram.view(np.uint8), offloaded.view(np.uint8))
     if any(f.direct_fd is not None for f in b.nvme.files):
         # u1's sub-groups start off a block; their buffers start as far into one, so each
@@ -92,7 +110,7 @@ def test_every_whole_block_of_a_gradient_read_moves_with_o_direct(tmp_path, stag
     low = LossScaleConfig(initial_scale_power=2)  # fp16: no step overflows, each one reads
     common = dict(units=units, stage=stage, precision=precision, clip=0.5, steps=1, loss_scale=low)
     in_ram, a = run(tmp_path, **common)
-    offloaded, b = run(tmp_path, offload_optimizer="nvme", sub_group_size=8192, **common)
+    offloaded, b = run(tmp_path, offload=replace(NVME, sub_group_size=8192), **common)
     assert np.array_equal(in_ram.view(np.uint8), offloaded.view(np.uint8))
     swap, _ = b.nvme.locate(b.shard_grads)
     if swap.direct_fd is None:
@@ -122,7 +140,7 @@ def test_sub_groups_larger_than_the_in_ram_chunk_are_bitwise_too(tmp_path):
     wide = [("u0", [("w", (700, 1000))])]
     common = dict(units=wide, stage=3, precision="bf16", steps=2)
     in_ram, a = run(tmp_path, **common)
-    offloaded, b = run(tmp_path, offload_optimizer="nvme", sub_group_size=1 << 19, **common)
+    offloaded, b = run(tmp_path, offload=replace(NVME, sub_group_size=1 << 19), **common)
     assert np.array_equal(in_ram.view(np.uint8), offloaded.view(np.uint8))
     a.close()
     b.close()
@@ -133,9 +151,8 @@ def test_sub_groups_larger_than_the_in_ram_chunk_are_bitwise_too(tmp_path):
 def test_stage3_parameter_offload_is_bitwise_the_in_ram_run(tmp_path, precision, optimizer):
     common = dict(stage=3, precision=precision, grad_accum=2, clip=0.5)
     in_ram, a = run(tmp_path, **common)
-    offloaded, b = run(
-        tmp_path, offload_param="nvme", offload_optimizer=optimizer, sub_group_size=64, **common
-    )
+    offload = OffloadConfig(optimizer=optimizer, param="nvme", sub_group_size=64)
+    offloaded, b = run(tmp_path, offload=offload, **common)
     assert np.array_equal(in_ram.view(np.uint8), offloaded.view(np.uint8))
     assert b.memory.bytes_by_category()["params"] == 0
     assert b.memory.disk_bytes_by_category()["params"] == a.memory.bytes_by_category()["params"]
@@ -145,7 +162,7 @@ def test_stage3_parameter_offload_is_bitwise_the_in_ram_run(tmp_path, precision,
 
 def test_parameter_offload_needs_stage_3(tmp_path):
     with pytest.raises(ValueError, match="offload_param='nvme'.*below stage 3"):
-        ZeroConfig(stage=2, offload_param="nvme", nvme_path=str(tmp_path))
+        ZeroConfig(stage=2, offload=OffloadConfig(param="nvme", nvme_path=str(tmp_path)))
 
 
 def rss_file_bytes() -> int:
@@ -160,16 +177,14 @@ def test_ram_stays_bounded_while_the_state_is_many_times_the_pool(tmp_path):
     3 x 2048 elements, each with 1024 of alignment slack (111 kB). After steps, the swap
     pages are not resident."""
     big = [(f"u{i}", [("w", (500, 1000))]) for i in range(3)]
-    run(tmp_path, steps=1, stage=3, precision="bf16", offload_optimizer="nvme")[1].close()
+    run(tmp_path, steps=1, stage=3, precision="bf16", offload=NVME)[1].close()
     before = rss_file_bytes()  # after a first run: kernels and libraries already mapped
     _, engine = run(
         tmp_path,
         units=big,
         stage=3,
         precision="bf16",
-        offload_optimizer="nvme",
-        sub_group_size=2048,
-        buffer_count=3,
+        offload=replace(NVME, sub_group_size=2048, buffer_count=3),
     )
     on_disk = engine.memory.disk_bytes_by_category()["optimizer"]
     pool = engine.memory.held["buffers"]["offload_pool"].nbytes
@@ -199,9 +214,11 @@ def test_filling_offloaded_state_holds_one_unit_at_a_time(tmp_path, stage):
     resident set does not grow with the model during init (nor a resume's load)."""
     units = [(f"u{i}", [("w", (500, 1000))]) for i in range(6)]
     model = ReplayModel(units)
-    offload = dict(offload_param="nvme") if stage == 3 else {}
+    offload = OffloadConfig(optimizer="nvme", nvme_path=str(tmp_path))
     config = ZeroConfig(
-        stage=stage, precision="bf16", offload_optimizer="nvme", nvme_path=str(tmp_path), **offload
+        stage=stage,
+        mixed_precision=MixedPrecisionConfig(dtype="bf16"),
+        offload=replace(offload, param="nvme") if stage == 3 else offload,
     )
     source = SamplingInit(model)
     engine = make_engine(model, source, config, comm_for(MPI.COMM_SELF, config))
@@ -233,7 +250,7 @@ def test_a_missing_nvme_path_is_one_message_and_exit_2(tmp_path):
 
 
 def test_an_io_error_names_the_file_and_the_operation(tmp_path, monkeypatch):
-    _, engine = run(tmp_path, steps=1, stage=2, offload_optimizer="nvme", sub_group_size=16)
+    _, engine = run(tmp_path, steps=1, stage=2, offload=replace(NVME, sub_group_size=16))
 
     def failing(*args):
         raise OSError(5, "Input/output error")
@@ -344,17 +361,17 @@ def test_gradient_shard_on_disk_is_bitwise_the_in_ram_run(tmp_path, stage, preci
     from zero_ref.engine.memory import swap_file_bytes
 
     common = dict(stage=stage, precision=precision, grad_accum=3, clip=0.5)
-    offload = dict(offload_optimizer="nvme", sub_group_size=64, buffer_count=3)
+    offload = replace(NVME, sub_group_size=64, buffer_count=3)
     if stage == 3:
-        offload["offload_param"] = "nvme"
+        offload = replace(offload, param="nvme")
     in_ram, a = run(tmp_path, **common)
-    offloaded, b = run(tmp_path, **offload, **common)
+    offloaded, b = run(tmp_path, offload=offload, **common)
     assert np.array_equal(in_ram.view(np.uint8), offloaded.view(np.uint8))
     assert b.memory.bytes_by_category()["grads"] == 0
     assert b.memory.disk_bytes_by_category()["grads"] == a.memory.bytes_by_category()["grads"]
     files = sum(f.nbytes for f in b.nvme.files)
     asked = swap_file_bytes(
-        stage, "nvme", offload.get("offload_param", "none"), b.layout.shard_numel,
+        stage, "nvme", offload.param, b.layout.shard_numel,
         b.precision.bytes,
     )  # fmt: skip
     assert asked == files
@@ -364,7 +381,7 @@ def test_gradient_shard_on_disk_is_bitwise_the_in_ram_run(tmp_path, stage, preci
 
 def test_stage1_gradients_stay_in_ram(tmp_path):
     """Stage 1's backward writes a full gradient buffer: its gradients stay in RAM."""
-    _, engine = run(tmp_path, steps=1, stage=1, grad_accum=2, offload_optimizer="nvme")
+    _, engine = run(tmp_path, steps=1, stage=1, grad_accum=2, offload=NVME)
     assert engine.memory.disk_bytes_by_category()["grads"] == 0
     assert engine.memory.bytes_by_category()["grads"] > 0
     engine.close()
@@ -390,7 +407,7 @@ def test_no_parameter_page_stays_mapped_after_forward_and_backward(tmp_path):
     units = [(f"u{i}", [("w", (300, 1001))]) for i in range(8)]  # 1.2 MB, off the pages
     model = ReplayModel(units)
     config = ZeroConfig(
-        stage=3, offload_param="nvme", offload_optimizer="nvme", nvme_path=str(tmp_path)
+        stage=3, offload=OffloadConfig(param="nvme", optimizer="nvme", nvme_path=str(tmp_path))
     )
     engine = make_engine(model, init_params(model, 0), config, comm_for(MPI.COMM_SELF, config))
     engine.train_step(model.contexts(1, 0, 1, 1)[:, 0], np.zeros((1, 1)))

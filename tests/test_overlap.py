@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 from tests.mpi_pool import run_mpi_checks
 from zero_ref.comm.choose import comm_for
-from zero_ref.config import ZeroConfig
+from zero_ref.config import MixedPrecisionConfig, OverlapConfig, ZeroConfig
 from zero_ref.engine.ladder import make_engine
 from zero_ref.formulas.memory import OverlapBuffers, buffer_bytes, prefetch_plan
 from zero_ref.models.unit import init_params
@@ -55,10 +55,11 @@ def test_the_ledger_holds_the_formula_of_the_overlap_buffers(stage, extra):
     persistent units: what the engine holds is the formula (so the estimate is too)."""
     units = [("a", [("w", (7, 3))]), ("b", [("w", (50,))]), ("c", [("w", (9, 9))])]
     model = ReplayModel(units)
-    cfg = ZeroConfig(stage=stage, bucket_numel=16, overlap_comm=True, **extra)
+    cfg = ZeroConfig(stage=stage, bucket_numel=16, overlap=OverlapConfig(comm=True, **extra))
     engine = make_engine(model, init_params(model, 0), cfg, comm_for(MPI.COMM_SELF, cfg))
     numels = [u.padded_numel for u in engine.layout.units]
-    plan = prefetch_plan(numels, True, cfg.prefetch_numel, None, cfg.persistence_numel)
+    ov = cfg.overlap
+    plan = prefetch_plan(numels, True, ov.prefetch_numel, None, ov.persistence_numel)
     expected = buffer_bytes(stage, numels, 1, 16, 1, overlap=OverlapBuffers(2, plan))
     assert engine.buffer_bytes() == expected
     assert "bucket_staging (lane 1)" in expected and "bucket_recv (lane 0)" in expected
@@ -94,10 +95,12 @@ def test_the_engine_never_holds_more_gathered_parameters_than_the_live_budget(pe
     for budget in [None] + [least + d for k in range(5) for d in (k * widest - 1, k * widest)]:
         if budget is not None and budget < least:
             continue
+        overlap = OverlapConfig(
+            comm=True, prefetch_numel=10**6, max_live_numel=budget, persistence_numel=persistence
+        )
         cfg = ZeroConfig(
-            stage=3, overlap_comm=True, prefetch_numel=10**6, max_live_numel=budget,
-            persistence_numel=persistence, precision=params,
-        )  # fmt: skip
+            stage=3, overlap=overlap, mixed_precision=MixedPrecisionConfig(dtype=params)
+        )
         engine = make_engine(model, init_params(model, 0), cfg, comm_for(MPI.COMM_SELF, cfg))
         held, buffers = gathered_numel(engine), len(engine.gathered.slots)
         engine.close()

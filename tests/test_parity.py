@@ -51,7 +51,7 @@ STEP_LRS = [None, 1e-3, 1e-2, 3e-2]  # each step's lr, as a schedule sets it; No
 def precision_options(mixed: bool) -> st.SearchStrategy:
     """Precision settings: fp32 only, or also fp16 (with a loss scaler that may
     start high enough to overflow and skip steps) and bf16, with any gradient
-    accumulation and wire dtype (zero_ref/config.py)."""
+    accumulation and wire dtype (zero_ref/config/)."""
     if not mixed:
         return st.just({})
     return st.sampled_from(["fp32", "fp16", "bf16"]).flatmap(
@@ -120,7 +120,7 @@ def overlap_options() -> st.SearchStrategy:
     policy, a prefetch depth and budget, and persistent small units (stage 3's)."""
     drawn = st.fixed_dictionaries(
         {
-            "overlap_comm": st.booleans(),
+            "comm": st.booleans(),
             "progress": st.sampled_from(["test", "thread", "none"]),
             "prefetch_numel": st.sampled_from([None, 0, 1, 40, 1 << 20]),
             "max_live_numel": st.sampled_from([None, 1 << 20]),
@@ -139,7 +139,7 @@ def offload_options(mixed: bool) -> st.SearchStrategy:
         {
             "sub_group_size": st.sampled_from([1, 7, 64]),
             "buffer_count": st.sampled_from([3, 4]),
-            "offload_param": st.sampled_from(["none", "nvme"]),  # kept at stage 3 only
+            "param": st.sampled_from(["none", "nvme"]),  # kept at stage 3 only
         }
     )
     return st.one_of(st.none(), pools)
@@ -204,11 +204,11 @@ def qwz_allowed(drawn: dict) -> dict:
 
 def hpz_allowed(drawn: dict) -> dict:
     """hpZ is stage 3's, its partition size divides the world size, and its secondary
-    copy is not kept beside parameters offloaded to NVMe (config.py refuses both)."""
+    copy is not kept beside parameters offloaded to NVMe (ZeroConfig refuses both)."""
     size, offload = drawn.get("hpz"), drawn.get("offload") or {}
     if size in (None, 1):
         return drawn
-    if drawn["stage"] < 3 or offload.get("offload_param") == "nvme":
+    if drawn["stage"] < 3 or offload.get("param") == "nvme":
         return drawn | {"hpz": None}
     if size != "host" and drawn["world"] % size:
         return drawn | {"hpz": None}
@@ -216,7 +216,7 @@ def hpz_allowed(drawn: dict) -> dict:
 
 
 def hybrid_allowed(drawn: dict) -> dict:
-    """Hybrid sharding is stages 1-3's, its size divides the world, and config.py refuses
+    """Hybrid sharding is stages 1-3's, its size divides the world, and ZeroConfig refuses
     it with hpZ and with NVMe offload."""
     size = drawn.get("hybrid")
     if size is None:
@@ -232,7 +232,7 @@ def offload_allowed(drawn: dict) -> dict:
     if drawn["stage"] == 0:
         return drawn | {"offload": None}
     if drawn["stage"] < 3 and drawn.get("offload"):
-        return drawn | {"offload": drawn["offload"] | {"offload_param": "none"}}
+        return drawn | {"offload": drawn["offload"] | {"param": "none"}}
     return drawn
 
 
@@ -276,8 +276,8 @@ BF16_FP32_ACCUM = {  # bf16 gradients on the wire, summed into fp32 gradient buf
 
 BF16 = {"precision": "bf16"}
 OFFLOAD = {"sub_group_size": 3, "buffer_count": 3}  # swap files, a pool of 3 x 3 elements
-OFFLOAD_ALL = OFFLOAD | {"offload_param": "nvme"}  # stage 3: the parameter shard too
-OVERLAP = {"overlap_comm": True}  # one unit ahead, progress by MPI_Testall
+OFFLOAD_ALL = OFFLOAD | {"param": "nvme"}  # stage 3: the parameter shard too
+OVERLAP = {"comm": True}  # one unit ahead, progress by MPI_Testall
 OVERLAP_DEEP = OVERLAP | {"prefetch_numel": 1 << 20, "persistence_numel": 10, "progress": "thread"}
 QWZ = {"quantize_block": 8}  # ZeRO++'s qwZ: stage 3's forward gathers in int8, blocks of 8
 QGZ = {"quantize_block": 3}  # ZeRO++'s qgZ: each bucket's reduce-scatter in int8, blocks of 3

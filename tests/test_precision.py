@@ -21,7 +21,7 @@ from tests.test_parity import MLP, check_bitwise, pinned, run
 from zero_ref.app.cli import parse_args
 from zero_ref.app.ds_config import ConfigError, parse_config
 from zero_ref.comm.collectives import Comm
-from zero_ref.config import ZeroConfig
+from zero_ref.config import MixedPrecisionConfig, ZeroConfig
 from zero_ref.engine.ladder import make_engine
 from zero_ref.engine.precision import Precision
 from zero_ref.models.unit import ParamSpec, init_params
@@ -61,12 +61,13 @@ def test_accumulation_adds_in_float32_and_rounds_once():
 
 def test_zero_config_names_what_is_allowed():
     with pytest.raises(ValueError, match="precision='fp8'.*'fp32' or 'fp16' or 'bf16'"):
-        ZeroConfig(precision="fp8")
+        ZeroConfig(mixed_precision=MixedPrecisionConfig(dtype="fp8"))
     with pytest.raises(ValueError, match="grad_accum_dtype='fp16'.*'bf16'.*'fp32'"):
-        ZeroConfig(precision="bf16", grad_accum_dtype="fp16")
+        ZeroConfig(mixed_precision=MixedPrecisionConfig(dtype="bf16", grad_accum_dtype="fp16"))
     with pytest.raises(ValueError, match="communication_data_type='int8'"):
-        ZeroConfig(communication_data_type="int8")
-    p = Precision.of(ZeroConfig(precision="bf16", grad_accum_dtype="fp32"))
+        ZeroConfig(mixed_precision=MixedPrecisionConfig(communication_data_type="int8"))
+    mixed = MixedPrecisionConfig(dtype="bf16", grad_accum_dtype="fp32")
+    p = Precision.of(ZeroConfig(mixed_precision=mixed))
     assert (p.param, p.grad, p.comm) == (BF16, np.dtype(np.float32), np.dtype(np.float32))
     assert p.mixed and not p.scaled
 
@@ -78,9 +79,10 @@ def test_deepspeed_fp16_block_maps_with_documented_defaults(tmp_path):
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"fp16": {"enabled": True}}))
     z = parse_args(["--config", str(path)], world_size=2).zero
-    assert z.precision == "fp16"
-    assert z.loss_scale == LossScaleConfig()
-    assert (z.loss_scale.initial_scale_power, z.loss_scale.hysteresis) == (16, 2)
+    assert z.mixed_precision.dtype == "fp16"
+    assert z.mixed_precision.loss_scale == LossScaleConfig()
+    ls = z.mixed_precision.loss_scale
+    assert (ls.initial_scale_power, ls.hysteresis) == (16, 2)
     keys = {
         "fp16": {
             "enabled": True,
@@ -97,10 +99,13 @@ def test_deepspeed_fp16_block_maps_with_documented_defaults(tmp_path):
     }
     path.write_text(json.dumps(keys))
     p = parse_args(["--config", str(path)], world_size=2)
-    ls = p.zero.loss_scale
+    ls = p.zero.mixed_precision.loss_scale
     assert (ls.initial_scale_power, ls.loss_scale_window, ls.hysteresis) == (12, 500, 3)
     assert ls.consecutive_hysteresis and ls.min_loss_scale == 0.5
-    assert (p.zero.grad_dtype, p.zero.comm_dtype) == ("fp32", "bf16")
+    assert (p.zero.mixed_precision.grad_dtype, p.zero.mixed_precision.comm_dtype) == (
+        "fp32",
+        "bf16",
+    )
     assert any("auto_cast" in note for note in p.notes)
 
 
@@ -119,9 +124,10 @@ def test_flags_set_the_scaler():
     z = parse_args(
         ["--precision", "fp16", "--loss-scale", "128", "--min-loss-scale", "0.25"], world_size=2
     ).zero
-    assert z.loss_scale.static and z.loss_scale.loss_scale == 128.0
+    ls = z.mixed_precision.loss_scale
+    assert ls.static and ls.loss_scale == 128.0
     z = parse_args(["--precision", "bf16", "--grad-accum-dtype", "bf16"], world_size=2).zero
-    assert z.grad_dtype == "bf16" and z.grad_accum_dtype is None
+    assert z.mixed_precision.grad_dtype == "bf16" and z.mixed_precision.grad_accum_dtype is None
 
 
 # ---- the loss scale in a real run
@@ -186,7 +192,7 @@ def test_bf16_inf_is_caught_before_the_master_weights(stage):
     weights: PR #6976)."""
     model, comm = InfModel(), Comm(MPI.COMM_SELF)
     x = np.zeros((1, 1), np.float32)
-    cfg = ZeroConfig(stage=stage, precision="bf16")
+    cfg = ZeroConfig(stage=stage, mixed_precision=MixedPrecisionConfig(dtype="bf16"))
     engine = make_engine(model, init_params(model, 0), cfg, comm)
     with pytest.raises(NonFiniteGradientError, match=r"bad\.w\[1\] at step 1"):
         engine.train_step(x, x)
@@ -202,5 +208,5 @@ def test_bf16_inf_is_caught_before_the_master_weights(stage):
 def test_example_configs_ask_for_mixed_precision(name, stage, precision):
     path = Path(__file__).parent.parent / "docs" / "configs" / f"{name}.json"
     p = parse_args(["--config", str(path)], world_size=4)
-    assert (p.zero.stage, p.zero.precision) == (stage, precision)
-    assert p.zero.loss_scale == LossScaleConfig() and not p.notes
+    assert (p.zero.stage, p.zero.mixed_precision.dtype) == (stage, precision)
+    assert p.zero.mixed_precision.loss_scale == LossScaleConfig() and not p.notes

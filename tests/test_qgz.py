@@ -20,7 +20,7 @@ from zero_ref.app.cli import parse_args
 from zero_ref.app.estimate import estimate_for
 from zero_ref.comm.choose import comm_for
 from zero_ref.comm.ledger import expected_sent_bytes
-from zero_ref.config import ZeroConfig
+from zero_ref.config import ZeroConfig, ZeroPPConfig
 from zero_ref.engine.init_source import RandomInit
 from zero_ref.engine.ladder import make_engine
 from zero_ref.formulas.memory import quantized_reduce_bytes
@@ -336,11 +336,11 @@ def test_aligned_blocks_are_the_units_own_at_every_world_size(world):
 
 def test_config_refuses_stage_0_and_the_gpu():
     with pytest.raises(ValueError, match="quantized_gradients.*stage 0"):
-        ZeroConfig(stage=0, quantized_gradients=True)
+        ZeroConfig(stage=0, zeropp=ZeroPPConfig(quantized_gradients=True))
     with pytest.raises(ValueError, match="quantized_gradients.*gpu"):
-        ZeroConfig(stage=3, quantized_gradients=True, device="gpu")
+        ZeroConfig(stage=3, device="gpu", zeropp=ZeroPPConfig(quantized_gradients=True))
     with pytest.raises(ValueError, match="quantized_gradients"):
-        ZeroConfig(stage=3, quantized_gradients=1)
+        ZeroConfig(stage=3, zeropp=ZeroPPConfig(quantized_gradients=1))
 
 
 def test_a_deepspeed_config_means_int4_as_in_deepspeed_and_a_flag_keeps_int8(tmp_path):
@@ -351,23 +351,27 @@ def test_a_deepspeed_config_means_int4_as_in_deepspeed_and_a_flag_keeps_int8(tmp
     for on, expected in ((True, (True, 4)), (False, (False, 8))):
         path.write_text(json.dumps({"zero_optimization": {"zero_quantized_gradients": on}}))
         zero = parse_args(["--config", str(path), "--stage", "3"], 1).zero
-        assert (zero.quantized_gradients, zero.quantized_gradient_bits) == expected
+        assert (zero.zeropp.quantized_gradients, zero.zeropp.quantized_gradient_bits) == expected
     path.write_text('{"zero_optimization": {"stage": 3, "zero_quantized_gradients": true}}')
     for flags, bits in ((["--quantized-gradient-bits", "8"], 8), (["--quantized-gradients"], 4)):
         zero = parse_args(["--config", str(path), *flags], 1).zero
-        assert zero.quantized_gradients and zero.quantized_gradient_bits == bits
+        assert zero.zeropp.quantized_gradients and zero.zeropp.quantized_gradient_bits == bits
 
 
 def test_config_and_flags_take_the_bits():
     """--quantized-gradients alone is int8, as before; --quantized-gradient-bits 4 is int4;
     other bits, or bits without qgZ, are refused naming the field."""
-    assert parse_args(["--quantized-gradients"], 1).zero.quantized_gradient_bits == 8
+    assert parse_args(["--quantized-gradients"], 1).zero.zeropp.quantized_gradient_bits == 8
     parsed = parse_args(["--quantized-gradients", "--quantized-gradient-bits", "4"], 1)
-    assert parsed.zero.quantized_gradients and parsed.zero.quantized_gradient_bits == 4
+    assert (
+        parsed.zero.zeropp.quantized_gradients and parsed.zero.zeropp.quantized_gradient_bits == 4
+    )
     with pytest.raises(ValueError, match="quantized_gradient_bits=2.*8 .int8. or 4"):
-        ZeroConfig(stage=2, quantized_gradients=True, quantized_gradient_bits=2)
+        ZeroConfig(
+            stage=2, zeropp=ZeroPPConfig(quantized_gradients=True, quantized_gradient_bits=2)
+        )
     with pytest.raises(ValueError, match="quantized_gradient_bits=4.*without quantized_grad"):
-        ZeroConfig(stage=2, quantized_gradient_bits=4)
+        ZeroConfig(stage=2, zeropp=ZeroPPConfig(quantized_gradient_bits=4))
     with pytest.raises(ValueError, match="quantized-gradient-bits: invalid choice: 2"):
         parse_args(["--quantized-gradients", "--quantized-gradient-bits", "2"], 1)
     with pytest.raises(ValueError, match="quantized_gradient_bits=4.*without quantized_grad"):

@@ -17,7 +17,7 @@ from tests.test_train import TINY_GPT_MODEL, train
 from zero_ref.app.cli import parse_args
 from zero_ref.comm.groups import group_ranks
 from zero_ref.comm.reduction import first_hop_order, hop_bytes
-from zero_ref.config import AdamWConfig, ZeroConfig
+from zero_ref.config import AdamWConfig, ZeroConfig, ZeroPPConfig
 from zero_ref.numerics.quantize import quantized_rows
 from zero_ref.oracle.single_rank import GradientBlocks, Oracle
 
@@ -136,14 +136,16 @@ def test_the_two_hops_send_the_one_hops_rows_fewer_of_them_across(groups, local)
 
 def test_config_and_flags_take_the_local_size():
     zero = parse_args(["--quantized-gradients"], 1).zero
-    assert zero.quantized_gradient_local_size == "host"
+    assert zero.zeropp.quantized_gradient_local_size == "host"
     for value, parsed in (("world", "world"), ("2", 2), ("host", "host")):
         argv = ["--quantized-gradients", "--quantized-gradient-local-size", value]
-        assert parse_args(argv, 1).zero.quantized_gradient_local_size == parsed
+        assert parse_args(argv, 1).zero.zeropp.quantized_gradient_local_size == parsed
     with pytest.raises(ValueError, match="quantized_gradient_local_size=2.*without quantized"):
-        ZeroConfig(stage=2, quantized_gradient_local_size=2)
+        ZeroConfig(stage=2, zeropp=ZeroPPConfig(quantized_gradient_local_size=2))
     with pytest.raises(ValueError, match="quantized_gradient_local_size=0 is not allowed"):
-        ZeroConfig(stage=2, quantized_gradients=True, quantized_gradient_local_size=0)
+        ZeroConfig(
+            stage=2, zeropp=ZeroPPConfig(quantized_gradients=True, quantized_gradient_local_size=0)
+        )
     with pytest.raises(ValueError, match="--quantized-gradient-local-size 'node'"):
         parse_args(["--quantized-gradients", "--quantized-gradient-local-size", "node"], 1)
 

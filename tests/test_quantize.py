@@ -21,7 +21,7 @@ from zero_ref.app.cli import UsageError, parse_args
 from zero_ref.app.rank_estimate import estimate_for
 from zero_ref.app.run_setup import prepare
 from zero_ref.comm.choose import comm_for
-from zero_ref.config import ZeroConfig
+from zero_ref.config import OverlapConfig, ZeroConfig, ZeroPPConfig
 from zero_ref.engine.init_source import RandomInit
 from zero_ref.engine.ladder import make_engine
 from zero_ref.layout.flat import build_layout, check_block_fits
@@ -184,17 +184,22 @@ def test_the_command_line_refuses_a_block_past_the_model_before_training(tiny_co
     prepare(parse_args([*base, "--quantized-gradients", "--quantize-block", "100000"], 4), 4)
 
 
+QWZ_ON = ZeroPPConfig(quantized_weights=True)
+
+
 @pytest.mark.parametrize(
-    "changes,match",
+    "build,match",
     [
-        ({"stage": 2}, "below stage 3"),
-        ({"persistence_numel": 10}, "persistence_numel=10"),
-        ({"quantize_block": 0}, "quantize_block=0"),
+        (lambda: ZeroConfig(stage=2, zeropp=QWZ_ON), "below stage 3"),
+        (lambda: ZeroConfig(stage=3, zeropp=QWZ_ON, overlap=OverlapConfig(persistence_numel=10)),
+         "persistence_numel=10"),
+        (lambda: ZeroConfig(stage=3, zeropp=ZeroPPConfig(quantized_weights=True, quantize_block=0)),
+         "quantize_block=0"),
     ],
-)
-def test_config_refuses_what_qwz_cannot_do(changes, match):
+)  # fmt: skip
+def test_config_refuses_what_qwz_cannot_do(build, match):
     with pytest.raises(ValueError, match=match):
-        ZeroConfig(**({"stage": 3, "quantized_weights": True} | changes))
+        build()
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -253,7 +258,7 @@ def test_qwz_estimate_equals_the_ledger(tmp_path, flags):
     corpus.write_text("a small corpus; its vocabulary is all the model needs here.\n" * 4)
     argv = ["--data", str(corpus), "--stage", "3", "--quantized-weights", *flags]
     parsed = parse_args(argv, 1)
-    assert parsed.zero.quantized_weights
+    assert parsed.zero.zeropp.quantized_weights
     model = GPT(GPTConfig(vocab_size=37, context=16, n_layer=2, n_head=2, d_model=22))
     engine = make_engine(
         model, RandomInit(model, 0), parsed.zero, comm_for(MPI.COMM_SELF, parsed.zero)
@@ -264,15 +269,15 @@ def test_qwz_estimate_equals_the_ledger(tmp_path, flags):
     engine.close()
     assert held == {k: getattr(est, k) for k in held}
     assert {"qwZ send 0", "qwZ recv 0", "qwZ float32 scratch"} <= names
-    assert est.padded_numel % parsed.zero.quantize_block == 0
+    assert est.padded_numel % parsed.zero.zeropp.quantize_block == 0
 
 
 def test_deepspeed_key_turns_qwz_on(tmp_path):
-    """DeepSpeed's zero_optimization.zero_quantized_weights feeds ZeroConfig.quantized_weights
+    """DeepSpeed's zero_optimization.zero_quantized_weights feeds ZeroPPConfig.quantized_weights
     (deepspeed/runtime/zero/config.py); --quantize-block has no DeepSpeed key."""
     ds = {"zero_optimization": {"stage": 3, "zero_quantized_weights": True}}
     path = tmp_path / "ds.json"
     path.write_text(json.dumps(ds))
     parsed = parse_args(["--config", str(path), "--quantize-block", "512"], 2)
-    assert parsed.zero.quantized_weights and parsed.zero.quantize_block == 512
-    assert not parse_args(["--stage", "3"], 2).zero.quantized_weights
+    assert parsed.zero.zeropp.quantized_weights and parsed.zero.zeropp.quantize_block == 512
+    assert not parse_args(["--stage", "3"], 2).zero.zeropp.quantized_weights

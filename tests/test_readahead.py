@@ -14,7 +14,7 @@ import pytest
 from mpi4py import MPI
 
 from zero_ref.comm.choose import comm_for
-from zero_ref.config import ZeroConfig
+from zero_ref.config import MixedPrecisionConfig, OffloadConfig, ZeroConfig
 from zero_ref.engine.ladder import make_engine
 from zero_ref.io.trace import Trace
 from zero_ref.models.unit import init_params
@@ -30,11 +30,10 @@ def traced_steps(tmp_path, steps: int, grad_accum: int, precision: str):
     model = ReplayModel(UNITS)
     config = ZeroConfig(
         stage=3,
-        precision=precision,
         grad_accum=grad_accum,
-        offload_param="nvme",
-        nvme_path=str(tmp_path),
         deterministic=True,
+        mixed_precision=MixedPrecisionConfig(dtype=precision),
+        offload=OffloadConfig(param="nvme", nvme_path=str(tmp_path)),
     )
     comm = comm_for(MPI.COMM_SELF, config)
     engine = make_engine(model, init_params(model, 0), config, comm)

@@ -262,8 +262,13 @@ def _fed(parsed, s: Setting):
         "RunConfig": parsed.run,
         "ZeroConfig": parsed.zero,
         "AdamWConfig": parsed.zero.optimizer,
-        "LossScaleConfig": parsed.zero.loss_scale,
+        "LossScaleConfig": parsed.zero.mixed_precision.loss_scale,
         "LRSchedule": parsed.run.lr_schedule,
+        "MixedPrecisionConfig": parsed.zero.mixed_precision,
+        "OffloadConfig": parsed.zero.offload,
+        "OverlapConfig": parsed.zero.overlap,
+        "ZeroPPConfig": parsed.zero.zeropp,
+        "HybridConfig": parsed.zero.hybrid,
     }[cls]
     return getattr(owner, name)
 

@@ -27,7 +27,7 @@ import pytest
 from mpi4py import MPI
 
 from zero_ref.comm.choose import comm_for
-from zero_ref.config import ZeroConfig
+from zero_ref.config import MixedPrecisionConfig, OffloadConfig, ZeroConfig
 from zero_ref.engine.ladder import make_engine
 from zero_ref.models.unit import init_params
 from zero_ref.offload.swap_file import SwapFile
@@ -167,12 +167,11 @@ def test_after_offloaded_steps_no_swap_file_is_in_the_page_cache(disk, offload_p
     model = ReplayModel(units)
     config = ZeroConfig(
         stage=3,
-        precision="bf16",
         deterministic=True,
-        offload_optimizer="nvme",
-        offload_param=offload_param,
-        nvme_path=str(disk),
-        sub_group_size=1 << 16,
+        mixed_precision=MixedPrecisionConfig(dtype="bf16"),
+        offload=OffloadConfig(
+            optimizer="nvme", param=offload_param, nvme_path=str(disk), sub_group_size=1 << 16
+        ),
     )
     engine = make_engine(model, init_params(model, 0), config, comm_for(MPI.COMM_SELF, config))
     for step in range(2):

@@ -9,7 +9,7 @@ import pytest
 from mpi4py import MPI
 
 from zero_ref.comm.collectives import Comm
-from zero_ref.config import ZeroConfig
+from zero_ref.config import ZeroConfig, ZeroPPConfig
 from zero_ref.engine.gathered_unit import gathers_by_kind
 from zero_ref.engine.memory import MemoryLedger
 from zero_ref.engine.placement import HostPlacement
@@ -79,7 +79,7 @@ def test_the_config_picks_the_gather_and_only_qwz_allocates_byte_buffers():
     plain = unit_gather_for(ZeroConfig(stage=3), place, None, layout, np.float32, 2, 1)
     assert type(plain) is WorldGather and plain.group is None
     assert "buffers" not in ledger.held or not ledger.held["buffers"]
-    cfg = ZeroConfig(stage=3, quantized_weights=True, quantize_block=4)
+    cfg = ZeroConfig(stage=3, zeropp=ZeroPPConfig(quantized_weights=True, quantize_block=4))
     qwz = unit_gather_for(cfg, place, None, layout, np.float32, 2, 1)
     assert type(qwz) is QuantizedForward and qwz.block == 4 and qwz.quantizes
     assert {"qwZ send 0", "qwZ send 1", "qwZ recv 1"} <= set(ledger.held["buffers"])

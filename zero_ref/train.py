@@ -187,7 +187,7 @@ def end_training(t: Training, skipped: int) -> None:
     engine, run, checkpoint = t.engine, t.parsed.run, t.job.checkpoint
     if t.check:
         t.console.always(t.check.describe())
-    if skipped or t.parsed.zero.precision == "fp16":
+    if skipped or t.parsed.zero.mixed_precision.dtype == "fp16":
         scale = f", loss scale now {engine.loss_scale():g}" if engine.scaler else ""
         steps = f"{skipped} of {t.last - t.first} steps"
         t.console.always(f"{steps} skipped (NaN/Inf gradients){scale}")
@@ -213,7 +213,7 @@ def first_line(parsed: Parsed, job: Prepared, engine) -> str:
 
 def _hybrid_phrase(engine) -> str:
     """With hybrid sharding: how the ranks are grouped (engine/hybrid.py)."""
-    if engine.cfg.hybrid_shard_size is None:
+    if engine.cfg.hybrid.shard_size is None:
         return ""
     groups = engine.hybrid.replicas
     return f" (hybrid sharding: {groups} groups of {engine.shard_world}, replicated)"

@@ -36,7 +36,7 @@ from bench_common import add_record_flag, emit, load_average, replay_model
 from mpi4py import MPI
 
 from zero_ref.comm.choose import comm_for
-from zero_ref.config import ZeroConfig
+from zero_ref.config import MixedPrecisionConfig, OffloadConfig, ZeroConfig
 from zero_ref.engine.init_source import RandomInit
 from zero_ref.engine.ladder import make_engine
 from zero_ref.io.trace import Trace
@@ -73,14 +73,17 @@ def optimizer_steps(engine, a: argparse.Namespace, world: MPI.Comm) -> list[floa
 
 def run_mode(offload: bool, a: argparse.Namespace, world: MPI.Comm) -> dict:
     model = replay_model(a.numel, a.units)
-    cfg = ZeroConfig(
-        stage=a.stage,
-        bucket_numel=1 << 20,  # what docs/offload.md's runs used
-        precision=a.precision,
-        offload_optimizer="nvme" if offload else "none",
+    offload_cfg = OffloadConfig(
+        optimizer="nvme" if offload else "none",
         nvme_path=a.nvme_path,
         sub_group_size=a.sub_group_size,
         buffer_count=a.buffer_count,
+    )
+    cfg = ZeroConfig(
+        stage=a.stage,
+        bucket_numel=1 << 20,  # what docs/offload.md's runs used
+        mixed_precision=MixedPrecisionConfig(dtype=a.precision),
+        offload=offload_cfg,
     )
     engine = make_engine(model, RandomInit(model, 0), cfg, comm_for(world, cfg))  # unit by unit
     if offload and a.timeline:

@@ -85,7 +85,8 @@ def main() -> None:
     figures = {bits: errors(matrices, layout, zero, bits) for bits in (8, 4)}
     print(
         f"{args.steps} steps (loss {loss:.4f}, trained in int{gb.bits}), W={args.world}, "
-        f"block {zero.quantize_block}, bucket {zero.bucket_numel}: {figures[8]['blocks']} blocks"
+        f"block {zero.zeropp.quantize_block}, bucket {zero.bucket_numel}: "
+        f"{figures[8]['blocks']} blocks"
     )
     for bits, f in figures.items():
         print(f"int{bits}: max err/amax {f['max_rel_error']:.7f}  mean {f['mean_rel_error']:.7f}"
@@ -97,9 +98,9 @@ def main() -> None:
             "world": args.world,
             "steps": args.steps,
             "loss": float(loss) if args.steps else None,
-            "block": zero.quantize_block,
+            "block": zero.zeropp.quantize_block,
             "bucket_numel": zero.bucket_numel,
-            "precision": zero.precision,
+            "precision": zero.mixed_precision.dtype,
             "trained_bits": gb.bits,
             **figures[8],
             "int4": figures[4],
@@ -138,7 +139,7 @@ def errors(matrices: list[np.ndarray], layout, zero, bits: int) -> dict:
     over all of them, and the summed gradient's relative L2 error."""
     maxes, rmss, exact, quant = [], [], 0, 0
     for m in matrices:
-        e, rms, back = block_errors(m, layout, zero.bucket_numel, zero.quantize_block, bits)
+        e, rms, back = block_errors(m, layout, zero.bucket_numel, zero.zeropp.quantize_block, bits)
         maxes.append(e)
         rmss.append(rms)
         exact, quant = exact + m.astype(np.float64), quant + back.astype(np.float64)

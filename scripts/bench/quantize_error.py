@@ -85,12 +85,13 @@ def main() -> None:
         params, source = init_params(model, parsed.run.seed), f"initial (seed {parsed.run.seed})"
     both = {
         name: block_errors(flat, args.block)
-        for name, flat in unit_flats(model, params, parsed.zero.precision).items()
+        for name, flat in unit_flats(model, params, parsed.zero.mixed_precision.dtype).items()
     }
     errors = {name: e for name, (e, _) in both.items()}
     every = np.concatenate([e for e in errors.values() if e.size]) if errors else np.zeros(0)
     rms = np.concatenate([r for _, r in both.values() if r.size]) if both else np.zeros(0)
-    print(f"{source}: {every.size} blocks of {args.block}, precision {parsed.zero.precision}")
+    precision = parsed.zero.mixed_precision.dtype
+    print(f"{source}: {every.size} blocks of {args.block}, precision {precision}")
     print(f"{'unit':>14} {'blocks':>7} {'max err/amax':>13} {'mean':>10}")
     for name, e in errors.items():
         if e.size:
@@ -107,7 +108,7 @@ def main() -> None:
             "script": "quantize_error",
             "source": source,
             "block": args.block,
-            "precision": parsed.zero.precision,
+            "precision": parsed.zero.mixed_precision.dtype,
             "blocks": int(every.size),
             "max_rel_error": float(every.max()) if every.size else 0.0,
             "mean_rel_error": float(every.mean()) if every.size else 0.0,

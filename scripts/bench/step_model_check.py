@@ -66,12 +66,13 @@ def workload_of(case: dict, theta: dict) -> Workload:
         for u in model_layout(model_for(parsed, world), world, layout_align(zero)).units
     )
     buckets = sum(case["kinds"].get(k, {}).get("calls", 0) for k in REDUCE_KINDS)
-    hpz = zero.hpz_partition_size not in (None, 1)
+    hpz = zero.zeropp.hpz_partition_size not in (None, 1)
     overlap = "--overlap-comm" in case["flags"]
     gathers = None
-    if case["stage"] == 3 and not (hpz or zero.quantized_weights):  # the plan's gathers
+    if case["stage"] == 3 and not (hpz or zero.zeropp.quantized_weights):  # the plan's gathers
+        ov = zero.overlap
         plan = prefetch_plan(
-            units, overlap, zero.prefetch_numel, zero.max_live_numel, zero.persistence_numel
+            units, overlap, ov.prefetch_numel, ov.max_live_numel, ov.persistence_numel
         )
         gathers = tuple(gathers_per_step(plan, list(units), zero.grad_accum))
     return Workload(
@@ -82,7 +83,7 @@ def workload_of(case: dict, theta: dict) -> Workload:
         optimizer_s=0.0,  # inside compute_s (module docstring)
         overlap=overlap,
         gathers=gathers,
-        qwz_block=zero.quantize_block if zero.quantized_weights else None,
+        qwz_block=zero.zeropp.quantize_block if zero.zeropp.quantized_weights else None,
         hpz=hpz,
         qgz_blocks=_qgz_blocks(zero, list(units), world),
         reduce_buckets=buckets or None,

@@ -123,8 +123,8 @@ def flags_page() -> str:
         "",
         "## Where the command line's default is not the library's",
         "",
-        "The library's config dataclasses (`zero_ref/config.py`, "
-        "`zero_ref/optim/loss_scale.py`) have defaults of their own; every setting above "
+        "The library's config dataclasses (`zero_ref/config/`, "
+        "`zero_ref/optim/lr_schedule.py`) have defaults of their own; every setting above "
         "takes its field's, except these, which say why here, in `--help` and in the "
         "dataclass's docstring.",
         "",

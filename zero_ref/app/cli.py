@@ -17,8 +17,16 @@ from zero_ref.app.ds_config import ParsedConfig, known_keys, load_config
 from zero_ref.app.ds_unknown import unknown_key_notes
 from zero_ref.app.setting import fed
 from zero_ref.app.settings import SETTINGS
-from zero_ref.config import AdamWConfig, ZeroConfig
-from zero_ref.optim.loss_scale import LossScaleConfig
+from zero_ref.config import (
+    AdamWConfig,
+    HybridConfig,
+    LossScaleConfig,
+    MixedPrecisionConfig,
+    OffloadConfig,
+    OverlapConfig,
+    ZeroConfig,
+    ZeroPPConfig,
+)
 from zero_ref.optim.lr_schedule import LRSchedule
 
 __all__ = ["Parsed", "RunConfig", "UsageError", "build_parser", "parse_args", "resolve_batch"]
@@ -158,13 +166,23 @@ def _check_checkpoint_flags(s: dict) -> None:
 
 
 def _zero_config(s: dict) -> ZeroConfig:
-    """ZeroConfig (with its AdamWConfig and LossScaleConfig) from the settings that feed
-    their fields; a value the dataclass refuses is a UsageError with its message."""
+    """ZeroConfig (with its AdamWConfig and option groups, LossScaleConfig inside
+    MixedPrecisionConfig) from the settings that feed their fields; a value a dataclass
+    refuses is a UsageError with its message."""
+
+    def made(cls, **inner):
+        return cls(**fed(s, cls.__name__, SETTINGS), **inner)
+
     try:
-        optimizer = AdamWConfig(**fed(s, "AdamWConfig", SETTINGS))
-        loss_scale = LossScaleConfig(**fed(s, "LossScaleConfig", SETTINGS))
-        engine = fed(s, "ZeroConfig", SETTINGS)
-        return ZeroConfig(**engine, optimizer=optimizer, loss_scale=loss_scale)
+        return ZeroConfig(
+            **fed(s, "ZeroConfig", SETTINGS),
+            optimizer=made(AdamWConfig),
+            mixed_precision=made(MixedPrecisionConfig, loss_scale=made(LossScaleConfig)),
+            offload=made(OffloadConfig),
+            overlap=made(OverlapConfig),
+            zeropp=made(ZeroPPConfig),
+            hybrid=made(HybridConfig),
+        )
     except ValueError as e:
         raise UsageError(f"bad value: {e}") from e
 

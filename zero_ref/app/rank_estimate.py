@@ -156,6 +156,7 @@ def estimate_for(
 ) -> RankEstimate:
     """estimate_rank with the run's own settings (another stage if given)."""
     run, zero = parsed.run, parsed.zero
+    mp, off = zero.mixed_precision, zero.offload
     return estimate_rank(
         model,
         zero.stage if stage is None else stage,
@@ -164,11 +165,9 @@ def estimate_for(
         zero.bucket_numel,
         zero.grad_accum,
         checkpoint=zero.checkpoint_activations,
-        sizes=element_bytes(zero.precision, zero.grad_dtype, zero.comm_dtype),
-        offload_pool=(zero.sub_group_size, zero.buffer_count)
-        if zero.offload_optimizer == "nvme"
-        else None,
-        offload_param=zero.offload_param == "nvme",
+        sizes=element_bytes(mp.dtype, mp.grad_dtype, mp.comm_dtype),
+        offload_pool=(off.sub_group_size, off.buffer_count) if off.optimizer == "nvme" else None,
+        offload_param=off.param == "nvme",
         overlap_cfg=zero,
     )
 

@@ -52,7 +52,7 @@ def training_record(parsed: Parsed, step: int, engine, tokens: np.ndarray) -> di
         },
         "config": {
             "run": {k: v for k, v in asdict(run).items() if k != "lr_schedule"},
-            "zero": asdict(zero),
+            "zero": zero.flat(),  # the settings by name, as before ZeroConfig had groups
         },
     }
 
@@ -219,7 +219,7 @@ def describe_resume(checkpoint: Checkpoint, parsed: Parsed, world: int) -> list[
         f"stage {parsed.zero.stage})"
     ]
     saved = m["training"]["config"]
-    now = {"run": asdict(parsed.run), "zero": asdict(parsed.zero)}
+    now = {"run": asdict(parsed.run), "zero": parsed.zero.flat()}
     ignore = {  # where the run writes and what it shows: not how it trains
         *("resume", "save_dir", "save_every", "keep_last", "stop_at_step", "init"),
         *("quiet", "log_every", "log_jsonl", "export", "sample_chars", "check_oracle"),

@@ -77,7 +77,7 @@ def report_tables(parsed: Parsed, engine, reports: list[dict]) -> str:
     unit_numels = [u.padded_numel for u in layout.units]
     return "\n".join(
         [
-            memory_table(reports, zero.stage, numel, world, k, sizes, zero.precision),
+            memory_table(reports, zero.stage, numel, world, k, sizes, zero.mixed_precision.dtype),
             rss_table(reports),
             comm_table(
                 reports,
@@ -97,7 +97,7 @@ def report_tables(parsed: Parsed, engine, reports: list[dict]) -> str:
 def _hybrid_lines(engine) -> list[str]:
     """Hybrid sharding: the schedule above is one shard group's; the all-reduce across
     the groups comes on top (ledger kind allreduce_hybrid)."""
-    if engine.cfg.hybrid_shard_size is None:
+    if engine.cfg.hybrid.shard_size is None:
         return []
     return [
         f"hybrid sharding: ZeRO inside groups of {engine.shard_world} ranks (the lines "
@@ -122,7 +122,7 @@ def final_record(
         "world_size": engine.world,
         "shard_world_size": world,  # hybrid sharding's group size (else the world's)
         "numel_padded": numel,
-        "precision": zero.precision,
+        "precision": zero.mixed_precision.dtype,
         "element_bytes": dataclasses.asdict(sizes),
         "formula_bytes": formula_bytes(zero.stage, numel, world, k, sizes),
         "unit_padded_numels": unit_numels,
@@ -179,15 +179,17 @@ def sample_text(engine, task: Task, run) -> str | None:
 
 def _qgz_blocks(zero, unit_numels, world: int) -> GradientWire | None:
     """With qgZ: a destination row's values and blocks over the bucket plan, on its wire."""
-    if not zero.quantized_gradients:
+    pp = zero.zeropp
+    if not pp.quantized_gradients:
         return None
-    bits = zero.quantized_gradient_bits
-    return plan_wire(unit_numels, world, zero.bucket_numel, zero.quantize_block, bits)
+    bits = pp.quantized_gradient_bits
+    return plan_wire(unit_numels, world, zero.bucket_numel, pp.quantize_block, bits)
 
 
 def _qwz_gathers(engine):
     """Stage 3 with qwZ or hpZ: its gathers by kind (forward's in int8, the group's from
     hpZ's secondary copy), for the expected bytes."""
-    zeropp = engine.cfg.quantized_weights or engine.cfg.hpz_partition_size != 1
+    pp = engine.cfg.zeropp
+    zeropp = pp.quantized_weights or pp.hpz_partition_size != 1
     gathers = engine.gathers() if zeropp else None
     return gathers if isinstance(gathers, QuantizedGathers | HierarchicalGathers) else None

@@ -61,11 +61,11 @@ def prepare(parsed: Parsed, world: int, trace: Trace | None = None) -> Prepared:
 def _check_quantize_block(zero, model, world: int) -> None:
     """qwZ's --quantize-block must fit the model's largest unit (layout.flat
     check_block_fits); qgZ alone pads nothing (its blocks are cut at unit edges)."""
-    if not zero.quantized_weights:
+    if not zero.zeropp.quantized_weights:
         return
     units = [sum(s.numel for s in unit.param_specs()) for unit in model.units]
     try:
-        check_block_fits(units, shard_world_of(zero, world), zero.quantize_block)
+        check_block_fits(units, shard_world_of(zero, world), zero.zeropp.quantize_block)
     except ValueError as e:
         raise UsageError(f"--quantize-block: {e}") from None
 

@@ -24,8 +24,16 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 from zero_ref.app import ds_values
-from zero_ref.config import AdamWConfig, ZeroConfig
-from zero_ref.optim.loss_scale import LossScaleConfig
+from zero_ref.config import (
+    AdamWConfig,
+    HybridConfig,
+    LossScaleConfig,
+    MixedPrecisionConfig,
+    OffloadConfig,
+    OverlapConfig,
+    ZeroConfig,
+    ZeroPPConfig,
+)
 from zero_ref.optim.lr_schedule import LRSchedule
 
 
@@ -35,7 +43,11 @@ class _Library:
 
 
 LIBRARY: Any = _Library()  # default: the one of the library field the setting feeds
-LIBRARY_CONFIGS = {c.__name__: c for c in (ZeroConfig, AdamWConfig, LossScaleConfig, LRSchedule)}
+LIBRARY_CONFIGS = {
+    c.__name__: c
+    for c in (ZeroConfig, AdamWConfig, LossScaleConfig, LRSchedule, MixedPrecisionConfig,
+              OffloadConfig, OverlapConfig, ZeroPPConfig, HybridConfig)
+}  # fmt: skip
 
 GROUPS = {  # argparse groups of --help, in order; docs/flags.md has one table each
     "engine": "ZeRO engine",

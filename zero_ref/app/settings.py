@@ -26,6 +26,9 @@ from zero_ref.config import (
 from zero_ref.optim.lr_schedule import SCHEDULES
 
 Z, A, L, R, S = "ZeroConfig.", "AdamWConfig.", "LossScaleConfig.", "RunConfig.", "LRSchedule."
+# ZeroConfig's option groups (zero_ref/config/groups.py)
+MP, OF, OV = "MixedPrecisionConfig.", "OffloadConfig.", "OverlapConfig."
+PP, HY = "ZeroPPConfig.", "HybridConfig."
 ZO = "zero_optimization."
 
 
@@ -98,18 +101,18 @@ ENGINE = (
             "all-gather in int8 with one float32 scale per --quantize-block elements, "
             "dequantized on every rank; backward gathers full precision, or with hpZ reads "
             "forward's dequantized values from the secondary copy (docs/zeropp.md)",
-            bool, ds=(ZO + "zero_quantized_weights",), feeds=Z + "quantized_weights"),
+            bool, ds=(ZO + "zero_quantized_weights",), feeds=PP + "quantized_weights"),
     Setting("quantize_block", "engine", "elements per qwZ block (one scale each); every "
             "unit is padded to a multiple of world size x block, so blocks never straddle "
             "two ranks and results do not depend on the world size (DeepSpeed has no key: "
             "its CUDAQuantizer picks groups near 8000 elements of each rank's partition)",
-            int, minimum=1, cli_range=False, feeds=Z + "quantize_block"),
+            int, minimum=1, cli_range=False, feeds=PP + "quantize_block"),
     Setting("quantized_gradients", "engine", "stages 1-3, ZeRO++'s qgZ: each gradient "
             "bucket's reduce-scatter as int8 (or int4: --quantized-gradient-bits) blocks "
             "(one float32 scale per --quantize-block elements at most) through an Alltoall, "
             "dequantized and summed in rank order in float32 (docs/zeropp.md). The flag "
             "alone is int8; the DeepSpeed key true is int4, DeepSpeed's",
-            bool, ds=(ZO + "zero_quantized_gradients",), feeds=Z + "quantized_gradients",
+            bool, ds=(ZO + "zero_quantized_gradients",), feeds=PP + "quantized_gradients",
             # DeepSpeed's qgZ is always int4: all_to_all_quant_reduce passes 4 bits to every
             # quantizer call (deepspeed/runtime/comm/coalesced_collectives.py at edaa722,
             # lines 57, 64-66, 71-72), and it has no key for the bits
@@ -118,7 +121,7 @@ ENGINE = (
             "or 4 (int4, levels -7..7, two values a byte: half the bytes, a 18x coarser step). "
             "DeepSpeed has no key: its qgZ always sends int4 (levels -8..7), so a --config "
             "that turns zero_quantized_gradients on means 4 unless this flag says 8",
-            int, choices=(8, 4), feeds=Z + "quantized_gradient_bits",
+            int, choices=(8, 4), feeds=PP + "quantized_gradient_bits",
             default_text="8; 4 where a --config turns zero_quantized_gradients on"),
     Setting("quantized_gradient_local_size", "engine", "qgZ's hops: groups of this many "
             "consecutive ranks ('host': the ranks sharing a host) sum each bucket inside "
@@ -128,7 +131,7 @@ ENGINE = (
             "has no key: its local group is a node's GPUs",
             str, minimum=1, cli_range=False,
             allowed="'host', 'world' or an integer >= 1 dividing the ranks qgZ sums over",
-            feeds=Z + "quantized_gradient_local_size", to_config=_qgz_local_to_config),
+            feeds=PP + "quantized_gradient_local_size", to_config=_qgz_local_to_config),
     Setting("hpz_partition_size", "engine", "stage 3, ZeRO++'s hpZ: a secondary copy of the "
             "parameters sharded over groups of this many consecutive ranks ('host': the "
             "ranks sharing a host, MPI's shared-memory split), filled from each unit's "
@@ -137,7 +140,7 @@ ENGINE = (
             str, minimum=1, cli_range=False,
             allowed="an integer >= 1 dividing the world size, or 'host'",
             ds=(ZO + "zero_hpz_partition_size",), ds_parse=dv.size_or_words("host"),
-            feeds=Z + "hpz_partition_size", to_config=_hpz_to_config),
+            feeds=PP + "hpz_partition_size", to_config=_hpz_to_config),
     Setting("hybrid_shard_size", "engine", "stages 1-3, hybrid sharding (FSDP's "
             "HYBRID_SHARD, DeepSpeed's MiCS): ZeRO inside groups of this many consecutive "
             "ranks ('host': the ranks sharing a host), the groups replicas of one another, "
@@ -146,7 +149,7 @@ ENGINE = (
             str, minimum=1, cli_range=False,
             allowed="an integer >= 1 dividing the world size, or 'host'",
             ds=(ZO + "mics_shard_size",), ds_parse=dv.shard_size,
-            feeds=Z + "hybrid_shard_size", to_config=_hybrid_to_config,
+            feeds=HY + "shard_size", to_config=_hybrid_to_config,
             default_text="unset (off; DeepSpeed's -1)"),
 )
 PRECISION = (
@@ -154,16 +157,16 @@ PRECISION = (
             "master weights and AdamW state (the paper's 16 bytes per parameter); fp16 "
             "scales the loss", choices=PRECISIONS,
             ds=("fp16.enabled", "bf16.enabled", "bfloat16.enabled"),
-            ds_parse=dv.enabled_precision, feeds=Z + "precision"),
+            ds_parse=dv.enabled_precision, feeds=MP + "dtype"),
     Setting("grad_accum_dtype", "precision", "dtype gradients are kept and summed in",
             choices=PRECISIONS, allowed="the precision's own, or fp32",
             ds=("data_types.grad_accum_dtype",), ds_parse=dv.data_type,
-            feeds=Z + "grad_accum_dtype", to_config=_accum_to_config,
+            feeds=MP + "grad_accum_dtype", to_config=_accum_to_config,
             default_text="the precision's"),
     Setting("communication_data_type", "precision", "dtype gradients are reduced in on the "
             "wire", choices=PRECISIONS, ds=("communication_data_type",),
             ds_parse=dv.comm_data_type,
-            feeds=Z + "communication_data_type", default_text="the gradients'"),
+            feeds=MP + "communication_data_type", default_text="the gradients'"),
     Setting("loss_scale", "precision", "fp16: a static loss scale, or 0 for dynamic scaling",
             float, minimum=0, cli_range=False, ds=("fp16.loss_scale",), feeds=L + "loss_scale"),
     Setting("initial_scale_power", "precision", "fp16: dynamic scaling starts at 2^N", int,
@@ -191,49 +194,49 @@ OFFLOAD = (
             "gradients stay in RAM); cpu (with --device gpu, fp16/bf16): ZeRO-Offload, "
             "the state and its update on the CPU", choices=OPTIMIZER_OFFLOAD,
             ds=(ZO + "offload_optimizer.device",), ds_parse=dv.offload_device,
-            feeds=Z + "offload_optimizer"),
+            feeds=OF + "optimizer"),
     Setting("offload_param", "offload", "nvme: stage 3's parameter shard in a swap file, each "
             "unit read when it is gathered (its neighbours prefetched)",
             choices=OFFLOAD_DEVICES, ds=(ZO + "offload_param.device",),
-            ds_parse=dv.offload_device, feeds=Z + "offload_param"),
+            ds_parse=dv.offload_device, feeds=OF + "param"),
     Setting("nvme_path", "offload", "folder for the swap files (with an nvme offload)",
             allowed="a folder", ds=(ZO + "offload_optimizer.nvme_path",
                                     ZO + "offload_param.nvme_path"),
-            ds_parse=dv.folder, feeds=Z + "nvme_path"),
+            ds_parse=dv.folder, feeds=OF + "nvme_path"),
     Setting("sub_group_size", "offload", "elements per offloaded optimizer sub-group", int,
             minimum=1, cli_range=False, ds=(ZO + "sub_group_size",),
-            ds_parse=dv.whole_integer(1), feeds=Z + "sub_group_size"),
+            ds_parse=dv.whole_integer(1), feeds=OF + "sub_group_size"),
     Setting("buffer_count", "offload", "sub-groups in RAM at once (read, compute, write; at "
             "least 3)", int, minimum=3, cli_range=False,
-            ds=(ZO + "offload_optimizer.buffer_count",), feeds=Z + "buffer_count"),
+            ds=(ZO + "offload_optimizer.buffer_count",), feeds=OF + "buffer_count"),
 )
 OVERLAP = (
     Setting("overlap_comm", "overlap", "issue collectives and wait for them later (values "
             "unchanged): stages 1-2 reduce buckets while backward goes on and each unit "
             "waits only for its own all-gather; stage 3 gathers units ahead of use", bool,
-            ds=(ZO + "overlap_comm",), feeds=Z + "overlap_comm"),
+            ds=(ZO + "overlap_comm",), feeds=OV + "comm"),
     Setting("progress", "overlap", "what advances an issued collective: test (MPI_Testall "
             "at unit boundaries), thread (a polling thread), mpich (MPICH's progress "
             "thread: launch with MPIR_CVAR_ASYNC_PROGRESS=1), none (only the wait)",
-            choices=PROGRESS_MODES, feeds=Z + "progress"),
+            choices=PROGRESS_MODES, feeds=OV + "progress"),
     Setting("collectives", "overlap", "all-gather and reduce-scatter: flat (MPI's), "
             "hierarchical (inside each host, then across hosts: each byte crosses the link "
             "once) or auto (hierarchical on more than one host with more than one rank on "
             "each, and no hpZ/hybrid/ZeRO++ groups)", choices=COLLECTIVES,
-            feeds=Z + "collectives"),
+            feeds=OV + "collectives"),
     Setting("prefetch_numel", "overlap", "stage 3 with --overlap-comm: elements of upcoming "
             "units gathered ahead of use (0: none)", int, None, minimum=0,
             ds=(ZO + "stage3_prefetch_bucket_size",), ds_parse=dv.whole_integer(0),
-            feeds=Z + "prefetch_numel", default_text="one unit ahead"),
+            feeds=OV + "prefetch_numel", default_text="one unit ahead"),
     Setting("max_live_numel", "overlap", "stage 3: the most gathered-parameter elements a "
             "rank holds at once, prefetched ones included (at least the widest unit)", int,
             None, minimum=1, ds=(ZO + "stage3_max_live_parameters",),
-            ds_parse=dv.whole_integer(1), feeds=Z + "max_live_numel",
+            ds_parse=dv.whole_integer(1), feeds=OV + "max_live_numel",
             default_text="no bound beyond the prefetch"),
     Setting("persistence_numel", "overlap", "stage 3: units with fewer elements stay "
             "gathered from their first gather until the update", int, minimum=0,
             ds=(ZO + "stage3_param_persistence_threshold",), ds_parse=dv.whole_integer(0),
-            feeds=Z + "persistence_numel"),
+            feeds=OV + "persistence_numel"),
 )
 DEVICE = (
     Setting("device", "device", "gpu: the engine's arrays in device memory, the update phase "
@@ -354,7 +357,12 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
 NOT_FED = {"config": "the file parse_args reads the other settings from"}
 NOT_SETTINGS = {
     "ZeroConfig.optimizer": "the AdamWConfig built from lr, weight_decay, betas, eps",
-    "ZeroConfig.loss_scale": "the LossScaleConfig built from the fp16 settings",
+    "MixedPrecisionConfig.loss_scale": "the LossScaleConfig built from the fp16 settings",
+    "ZeroConfig.mixed_precision": "the MixedPrecisionConfig built from the precision settings",
+    "ZeroConfig.offload": "the OffloadConfig built from the offload settings",
+    "ZeroConfig.overlap": "the OverlapConfig built from the overlap and prefetch settings",
+    "ZeroConfig.zeropp": "the ZeroPPConfig built from the ZeRO++ settings",
+    "ZeroConfig.hybrid": "the HybridConfig built from hybrid_shard_size",
     "RunConfig.lr_schedule": "the LRSchedule built from lr, steps and the schedule settings",
     "LRSchedule.lr": "the lr setting, AdamWConfig's peak too",
     "LRSchedule.total_steps": "the steps setting (RunConfig.steps)",

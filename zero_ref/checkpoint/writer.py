@@ -153,7 +153,7 @@ def build_manifest(engine, step: int, files: list[dict], training: dict[str, Any
         "world_size": engine.layout.world_size,  # the files' (hybrid sharding: one group's)
         "stage": engine.stage,
         "dtype": "float32",  # with fp16/bf16: the float32 master weights, not their rounding
-        "precision": engine.cfg.precision,
+        "precision": engine.cfg.mixed_precision.dtype,
         "loss_scaler": None if engine.scaler is None else asdict(engine.scaler),
         "state_kinds": list(STATE_KINDS),
         "layout": layout_record(engine.layout),

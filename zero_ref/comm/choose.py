@@ -37,14 +37,15 @@ def comm_for(mpi_comm: MPI.Comm, cfg: ZeroConfig) -> Comm:
 
 
 def use_hierarchical(mpi_comm: MPI.Comm, cfg: ZeroConfig, host_of=None) -> bool:
-    """cfg.collectives resolved (a collective): "flat" no, "hierarchical" yes (refused
+    """cfg.overlap.collectives resolved (a collective): "flat" no, "hierarchical" yes (refused
     when the hosts hold different numbers of ranks), "auto" yes when the job spans more
     than one host with more than one rank on each, as many on every host, and the
     engine has no hpZ/hybrid/ZeRO++ groups; otherwise flat (rank 0 says why, once)."""
-    if cfg.collectives == "flat" or (cfg.collectives == "auto" and cfg.groups_in_use()):
+    collectives = cfg.overlap.collectives
+    if collectives == "flat" or (collectives == "auto" and cfg.groups_in_use()):
         return False
     labels = host_labels(mpi_comm, host_of)
-    if cfg.collectives == "hierarchical":
+    if collectives == "hierarchical":
         placement(labels)  # the ValueError for unequal hosts, on every rank
         return True
     try:

@@ -178,11 +178,11 @@ class OverlappingSchedule(BlockingSchedule):
 
 
 def schedule_for(cfg, comm: Comm) -> BlockingSchedule:
-    """The schedule a config asks for: OverlappingSchedule with cfg.overlap_comm, its
-    progress policy (cfg.progress) given to the Comm here, once; else blocking (every
+    """The schedule a config asks for: OverlappingSchedule with cfg.overlap.comm, its
+    progress policy (cfg.overlap.progress) given to the Comm here, once; else blocking (every
     collective waited for where it is issued, as the oracle's order is)."""
-    if not cfg.overlap_comm:
+    if not cfg.overlap.comm:
         return BlockingSchedule(comm)
     comm.progress.close()  # a Comm reused by a new engine: the old policy stops
-    comm.progress = progress_for(cfg.progress, comm.mpi)
+    comm.progress = progress_for(cfg.overlap.progress, comm.mpi)
     return OverlappingSchedule(comm)

@@ -78,11 +78,11 @@ class Engine(SharedStep, StateIO):
         self.place = placement_for(cfg.device, self.memory, self.where)  # model-sized arrays
         self.host_place = HostPlacement(self.memory)  # RAM, whatever the device (ZeRO-Offload)
         self.compute = compute_for(
-            cfg.device, cfg.offload_optimizer, self.host_place, self.place, comm.ledger
+            cfg.device, cfg.offload.optimizer, self.host_place, self.place, comm.ledger
         )
         comm.track_memory(self.memory)  # host staging buffers (--device gpu), if any
         self.precision = Precision.of(cfg)  # the dtype of each kind of array
-        self.scaler: LossScaleState | None = self.precision.initial_scaler(cfg.loss_scale)
+        self.scaler: LossScaleState | None = self.precision.initial_scaler()
         self.step_count = 0
         _check_comm_matches(comm, cfg)
         self.schedule = schedule_for(cfg, self.shard_comm)  # when collectives are waited for

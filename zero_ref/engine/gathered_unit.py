@@ -154,7 +154,7 @@ class GatheredUnits:
 
     # ---- where a unit goes
     def _kept(self, i: Key) -> Slot | None:
-        """A persistent unit's own buffer (never a quantized gather: config.py refuses)."""
+        """A persistent unit's own buffer (never a quantized gather: ZeroConfig refuses)."""
         return self.kept.get(i[0]) if not i[1] else None
 
     def _holding(self, i: Key) -> Slot | None:
@@ -236,9 +236,9 @@ def gathered_units_for(
 
 def stage3_plan(cfg, layout, prefetches: bool) -> PrefetchPlan:
     """The gathered-unit plan of a config and layout (formulas.memory.prefetch_plan)."""
-    numels = [u.padded_numel for u in layout.units]
+    numels, ov = [u.padded_numel for u in layout.units], cfg.overlap
     return prefetch_plan(
-        numels, prefetches, cfg.prefetch_numel, cfg.max_live_numel, cfg.persistence_numel
+        numels, prefetches, ov.prefetch_numel, ov.max_live_numel, ov.persistence_numel
     )
 
 

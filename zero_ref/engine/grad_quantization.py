@@ -54,8 +54,9 @@ class QuantizedGradients:
 def grad_quantization_for(cfg, comm: Comm) -> FullGradients | QuantizedGradients:
     """The reduce-scatter cfg asks for, over comm (the shard Comm: the world, or hybrid
     sharding's group); with qgZ's hops a collective over comm."""
-    if not cfg.quantized_gradients:
-        return FullGradients(cfg.quantized_gradient_bits)
+    pp = cfg.zeropp
+    if not pp.quantized_gradients:
+        return FullGradients(pp.quantized_gradient_bits)
     return QuantizedGradients(
-        cfg.quantize_block, cfg.quantized_gradient_bits, comm, cfg.quantized_gradient_local_size
+        pp.quantize_block, pp.quantized_gradient_bits, comm, pp.quantized_gradient_local_size
     )

@@ -220,7 +220,7 @@ def grad_shard_for(
 ) -> GradShardInRam:
     """The store for this config: on disk when grads_on_disk (the optimizer on NVMe at
     stages 2-3), else in RAM. divisor() is the step's W k S (for the norm's partials)."""
-    if grads_on_disk(stage, cfg.offload_optimizer):
+    if grads_on_disk(stage, cfg.offload.optimizer):
         return GradShardOnDisk(
             nvme, place, numel, dtype, cfg.grad_accum, widest, divisor, cfg.deterministic
         )

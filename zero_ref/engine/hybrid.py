@@ -105,7 +105,7 @@ class ShardInGroups:
 
 
 def replicas_for(cfg, comm: Comm) -> ShardOverWorld | ShardInGroups:
-    """The policy cfg.hybrid_shard_size asks for (a collective over comm when on)."""
-    if cfg.hybrid_shard_size is None:
+    """The policy cfg.hybrid.shard_size asks for (a collective over comm when on)."""
+    if cfg.hybrid.shard_size is None:
         return ShardOverWorld(comm)
-    return ShardInGroups(comm, cfg.hybrid_shard_size, cfg.bucket_numel)
+    return ShardInGroups(comm, cfg.hybrid.shard_size, cfg.bucket_numel)

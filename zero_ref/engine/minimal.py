@@ -23,12 +23,12 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Mapping
-from dataclasses import fields
+from operator import attrgetter
 
 import numpy as np
 
 from zero_ref.comm.collectives import Comm
-from zero_ref.config import ZeroConfig
+from zero_ref.config import FLAT_NAMES, ZeroConfig
 from zero_ref.engine.step import StepResult
 from zero_ref.layout.flat import UnitLayout, model_layout, tensor_views
 from zero_ref.models.unit import Model
@@ -43,11 +43,11 @@ MINIMAL_FIELDS = ("stage", "grad_accum", "clip", "deterministic", "optimizer")
 def check_minimal(cfg: ZeroConfig) -> None:
     """Refuse a setting this engine does not implement (precision, offload, overlap,
     ZeRO++, ...), naming each, rather than run something else than was asked."""
-    default = ZeroConfig()
+    default, at = ZeroConfig(), {name: attrgetter(path) for name, path in FLAT_NAMES.items()}
     extra = [
-        f"{f.name}={getattr(cfg, f.name)!r}"
-        for f in fields(ZeroConfig)
-        if f.name not in MINIMAL_FIELDS and getattr(cfg, f.name) != getattr(default, f.name)
+        f"{name}={get(cfg)!r}"
+        for name, get in at.items()
+        if name not in MINIMAL_FIELDS and get(cfg) != get(default)
     ]
     if extra:
         raise ValueError(

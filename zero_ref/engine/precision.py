@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from zero_ref.numerics.dtypes import ElementBytes, dtype_of, element_bytes, name_of
-from zero_ref.optim.loss_scale import LossScaleState, initial_state, next_state
+from zero_ref.optim.loss_scale import LossScaleConfig, LossScaleState, initial_state, next_state
 
 
 @dataclass(frozen=True)
@@ -40,12 +40,14 @@ class Precision:
     param: np.dtype  # what the model reads: 16-bit, or float32
     grad: np.dtype  # gradient buffers and their accumulation (data_types.grad_accum_dtype)
     comm: np.dtype  # gradient reduction on the wire (communication_data_type)
+    loss_scale: LossScaleConfig  # fp16's scaler (DeepSpeed's fp16 keys); unused otherwise
 
     @classmethod
     def of(cls, cfg) -> Precision:
-        """The dtypes a zero_ref.config.ZeroConfig asks for."""
-        names = cfg.precision, cfg.grad_dtype, cfg.comm_dtype
-        return cls(names[0], *(dtype_of(n) for n in names))
+        """What a zero_ref.config.ZeroConfig asks for (its mixed_precision group)."""
+        mp = cfg.mixed_precision
+        names = mp.dtype, mp.grad_dtype, mp.comm_dtype
+        return cls(names[0], *(dtype_of(n) for n in names), mp.loss_scale)
 
     @property
     def mixed(self) -> bool:
@@ -130,9 +132,9 @@ class Precision:
         return AllreduceStaging(place.zeros("buffers", "wire_chunk", numel, self.comm), place)
 
     # ---- fp16's loss scaling (zero_ref/optim/loss_scale.py)
-    def initial_scaler(self, loss_scale_cfg) -> LossScaleState | None:
+    def initial_scaler(self) -> LossScaleState | None:
         """fp16's loss scaler at the start of a run; None without loss scaling."""
-        return initial_state(loss_scale_cfg) if self.scaled else None
+        return initial_state(self.loss_scale) if self.scaled else None
 
     @staticmethod
     def scale_of(scaler: LossScaleState | None) -> float:
@@ -144,10 +146,9 @@ class Precision:
         """The loss's gradient times the loss scale (fp16), else as it is."""
         return dout if scaler is None else dout * np.float32(scaler.scale)
 
-    @staticmethod
-    def next_scaler(loss_scale_cfg, scaler: LossScaleState | None, overflow: bool):
+    def next_scaler(self, scaler: LossScaleState | None, overflow: bool):
         """The scaler after a step (an overflow halves it), or None without one."""
-        return None if scaler is None else next_state(loss_scale_cfg, scaler, overflow=overflow)
+        return None if scaler is None else next_state(self.loss_scale, scaler, overflow=overflow)
 
 
 class AllreduceStaging:

@@ -139,7 +139,7 @@ class SharedStep:
             self.hybrid.allreduce(grads)  # hybrid sharding: summed across the shard groups
             norm = self._grad_norm(grads, divisor)
             skip = not math.isfinite(norm) and self._skip_nonfinite(grads)
-            self.scaler = self.precision.next_scaler(self.cfg.loss_scale, self.scaler, skip)
+            self.scaler = self.precision.next_scaler(self.scaler, skip)
             if not skip:
                 self.step_count += 1
                 coef = clip_coefficient(norm, self.cfg.clip)

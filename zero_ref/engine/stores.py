@@ -63,12 +63,11 @@ class Swap:
 def swap_for(cfg, stage: int, optimizer_numel: int, sizes, rank: int, memory, mpi) -> Swap:
     """The swap folder when anything is offloaded to NVMe, its disk checked for every
     file it will hold (the bytes: zero_ref/engine/memory.py's swap_file_bytes)."""
-    if "nvme" not in (cfg.offload_optimizer, cfg.offload_param):
+    off = cfg.offload
+    if not off.to_nvme:
         return Swap(None)
-    nbytes = swap_file_bytes(
-        stage, cfg.offload_optimizer, cfg.offload_param, optimizer_numel, sizes
-    )
-    return Swap(NvmeStore(cfg.nvme_path, rank, memory, nbytes, mpi))
+    nbytes = swap_file_bytes(stage, off.optimizer, off.param, optimizer_numel, sizes)
+    return Swap(NvmeStore(off.nvme_path, rank, memory, nbytes, mpi))
 
 
 class OptimizerInPlace:
@@ -108,9 +107,9 @@ class OptimizerOnNvme(OptimizerInPlace):
         """The buffer pool (in the ledger's buffers) and the I/O threads; every swap
         page the initial fill touched is dropped from RAM."""
         shards = [u.shard_numel for u in layout.units]
-        sub_group = offload_pool_numel(stage, shards, cfg.sub_group_size)
+        sub_group = offload_pool_numel(stage, shards, cfg.offload.sub_group_size)
         row = offload_pool_row_numel(sub_group, ALIGN // 4)
-        count, rows = cfg.buffer_count, 3 + grad_rows
+        count, rows = cfg.offload.buffer_count, 3 + grad_rows
         pool = place.aligned_zeros("buffers", "offload_pool", count * rows * row, np.float32, ALIGN)
         pool = pool.reshape(count, rows, row)
         self.offloaded = OffloadedUpdate(self.nvme, pool, count, sub_group)
@@ -126,7 +125,7 @@ class OptimizerOnNvme(OptimizerInPlace):
 def optimizer_store_for(cfg, place, host_place, swap: Swap) -> OptimizerInPlace:
     """In host memory (ZeRO-Offload), in swap files, or where the model's arrays are;
     with a swap folder the update streams through the offload pool."""
-    maker = host_place if cfg.offload_optimizer == "cpu" else (swap.nvme or place)
+    maker = host_place if cfg.offload.optimizer == "cpu" else (swap.nvme or place)
     if swap.nvme is None:
         return OptimizerInPlace(maker)
     return OptimizerOnNvme(maker, swap.nvme)
@@ -180,6 +179,6 @@ class ParamsOnNvme(ParamsInPlace):
 
 def param_store_for(cfg, place, swap: Swap) -> ParamsInPlace:
     """Stage 3's shard in a swap file (--offload-param nvme), or where the model's are."""
-    if cfg.offload_param == "nvme":
+    if cfg.offload.param == "nvme":
         return ParamsOnNvme(swap.nvme)
     return ParamsInPlace(place)

@@ -124,13 +124,13 @@ def unit_gather_for(
 ) -> WorldGather | SecondaryPartition:
     """The gather cfg asks for (hpZ's partition group split from comm's host Comm: a
     collective). `lanes`: the gathered-unit buffers, each with qwZ's byte buffers."""
-    primary = WorldGather()
-    if cfg.quantized_weights:
+    primary, pp = WorldGather(), cfg.zeropp
+    if pp.quantized_weights:
         widest_shard = layout.widest_unit_numel // shard_world
-        wire = QuantizedGather(place, lanes, widest_shard, shard_world, cfg.quantize_block)
+        wire = QuantizedGather(place, lanes, widest_shard, shard_world, pp.quantize_block)
         primary = QuantizedForward(wire)
-    if cfg.hpz_partition_size == 1:
+    if pp.hpz_partition_size == 1:
         return primary
-    group = partition_group(comm.host_comm, cfg.hpz_partition_size)
+    group = partition_group(comm.host_comm, pp.hpz_partition_size)
     numels = [u.padded_numel for u in layout.units]
     return SecondaryPartition(primary, SecondaryCopy(place, group, numels, param_dtype))

@@ -167,7 +167,7 @@ def hpz_group_of(cfg, world_size: int, ranks_per_host: int | None = None) -> int
     """hpZ's partition group size for a ZeroConfig (None: hpZ off). "host" is the ranks
     per host where the caller knows it (a launched run: MPI's shared-memory split), else
     the world size: an estimate made before launch assumes one host."""
-    size = getattr(cfg, "hpz_partition_size", 1)
+    size = cfg.zeropp.hpz_partition_size
     if size == 1:
         return None
     return group_size_of(size, ranks_per_host or world_size)
@@ -175,9 +175,9 @@ def hpz_group_of(cfg, world_size: int, ranks_per_host: int | None = None) -> int
 
 def shard_world_of(cfg, world_size: int, ranks_per_host: int | None = None) -> int:
     """The ranks one copy of the model states is sharded over: the world, or with hybrid
-    sharding (cfg.hybrid_shard_size) its group of G; every formula here then counts as
+    sharding (cfg.hybrid.shard_size) its group of G; every formula here then counts as
     at world size G. "host" as hpz_group_of reads it (an estimate before launch: one host)."""
-    size = getattr(cfg, "hybrid_shard_size", None)
+    size = cfg.hybrid.shard_size
     if size is None:
         return world_size
     return group_size_of(size, ranks_per_host or world_size)
@@ -186,17 +186,16 @@ def shard_world_of(cfg, world_size: int, ranks_per_host: int | None = None) -> i
 def overlap_buffers(
     unit_numels: Sequence[int], cfg, hpz_group: int | None = None
 ) -> OverlapBuffers:
-    """The OverlapBuffers a ZeroConfig asks for (its overlap_comm, prefetch_numel,
-    max_live_numel, persistence_numel), for these padded unit sizes; hpz_group: hpZ's
-    partition group size (hpz_group_of), None without hpZ."""
-    live = cfg.max_live_numel if getattr(cfg, "stage", 3) == 3 else None  # moot below 3
-    plan = prefetch_plan(
-        unit_numels, cfg.overlap_comm, cfg.prefetch_numel, live, cfg.persistence_numel,
-    )  # fmt: skip
-    block = cfg.quantize_block if getattr(cfg, "quantized_weights", False) else None
-    grad_block = cfg.quantize_block if getattr(cfg, "quantized_gradients", False) else None
-    bits = getattr(cfg, "quantized_gradient_bits", 8)
-    return OverlapBuffers(2 if cfg.overlap_comm else 1, plan, block, hpz_group, grad_block, bits)
+    """The OverlapBuffers a ZeroConfig asks for (its overlap group, and ZeRO++'s
+    quantize_block), for these padded unit sizes; hpz_group: hpZ's partition group size
+    (hpz_group_of), None without hpZ."""
+    ov, pp = cfg.overlap, cfg.zeropp
+    live = ov.max_live_numel if cfg.stage == 3 else None  # moot below 3
+    plan = prefetch_plan(unit_numels, ov.comm, ov.prefetch_numel, live, ov.persistence_numel)
+    block = pp.quantize_block if pp.quantized_weights else None
+    grad_block = pp.quantize_block if pp.quantized_gradients else None
+    bits = pp.quantized_gradient_bits
+    return OverlapBuffers(2 if ov.comm else 1, plan, block, hpz_group, grad_block, bits)
 
 
 def buffer_bytes(

@@ -187,7 +187,7 @@ def model_layout(model, world_size: int, align: int = 1) -> FlatLayout:
 def layout_align(cfg) -> int:
     """The alignment a ZeroConfig asks for: qwZ's block size with quantized weights (its
     blocks never straddle two ranks' slices), else 1."""
-    return cfg.quantize_block if getattr(cfg, "quantized_weights", False) else 1
+    return cfg.zeropp.quantize_block if cfg.zeropp.quantized_weights else 1
 
 
 def check_block_fits(unit_numels: Sequence[int], world_size: int, block: int) -> None:

@@ -27,7 +27,8 @@ gradients are divided by twice the scale that multiplied them (DeepSpeed issue
 #2686).
 
 The state is a few plain numbers, so a checkpoint stores it as JSON fields. The
-configuration (LossScaleConfig) is zero_ref/config.py's, with the other frozen configs.
+configuration (LossScaleConfig) is zero_ref/config/groups.py's, beside the other frozen
+configs.
 """
 
 from __future__ import annotations

@@ -104,10 +104,11 @@ class GradientBlocks:
         """cfg's blocks; host_size: what quantized_gradient_local_size "host" came to (the
         engine's qgz_local_size; None: one hop, every rank on one host)."""
         units = [(u.name, [(s.name, tuple(s.shape)) for s in u.param_specs()]) for u in model.units]
-        align, bits = layout_align(cfg), cfg.quantized_gradient_bits
-        local = cfg.quantized_gradient_local_size
+        pp = cfg.zeropp
+        align, bits = layout_align(cfg), pp.quantized_gradient_bits
+        local = pp.quantized_gradient_local_size
         local = None if local == "world" else group_size_of(local, host_size)
-        return cls(units, align, cfg.bucket_numel, cfg.quantize_block, bits, local)
+        return cls(units, align, cfg.bucket_numel, pp.quantize_block, bits, local)
 
 
 @dataclass(frozen=True)
@@ -188,27 +189,28 @@ class Oracle:
         shard_world); with quantized_gradient_local_size "host", `qgz_local_size`: the
         engine's (None: one hop); with the two-level collectives, `hosts`: the placement
         table their Comm found (HierarchicalComm.world_of; None: flat sums)."""
-        if cfg.quantized_gradients and model is None:
+        mp, pp = cfg.mixed_precision, cfg.zeropp
+        if pp.quantized_gradients and model is None:
             raise ValueError("quantized_gradients: the oracle needs the model (its units)")
-        hybrid = cfg.hybrid_shard_size
+        hybrid = cfg.hybrid.shard_size
         if hybrid == "host" and shard_size is None:
             raise ValueError("hybrid_shard_size 'host': the oracle needs shard_size (G)")
         blocks = None
-        if cfg.quantized_gradients:
+        if pp.quantized_gradients:
             blocks = GradientBlocks.for_model(model, cfg, qgz_local_size)
         return cls(
             init_params,
             cfg.optimizer,
             cfg.clip,
-            cfg.precision,
-            cfg.grad_dtype,
-            cfg.comm_dtype,
-            cfg.loss_scale,
+            mp.dtype,
+            mp.grad_dtype,
+            mp.comm_dtype,
+            mp.loss_scale,
             cfg.nonfinite,
-            cfg.quantize_block if cfg.quantized_weights else None,
+            pp.quantize_block if pp.quantized_weights else None,
             cfg.checkpoint_activations,
             blocks,
-            cfg.quantized_weights and cfg.hpz_partition_size != 1,
+            pp.quantized_weights and pp.hpz_partition_size != 1,
             None if hybrid is None else group_size_of(hybrid, shard_size),
             hosts,
         )
