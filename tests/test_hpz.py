@@ -19,11 +19,11 @@ from zero_ref.app.cli import parse_args
 from zero_ref.app.report import comm_table
 from zero_ref.comm.choose import comm_for
 from zero_ref.comm.groups import group_ranks
-from zero_ref.comm.ledger import HierarchicalGathers
 from zero_ref.config import OffloadConfig, ZeroConfig, ZeroPPConfig
 from zero_ref.engine.gathered_unit import gathers_by_kind
 from zero_ref.engine.ladder import make_engine
 from zero_ref.formulas.memory import prefetch_plan
+from zero_ref.formulas.traffic import HierarchicalGathers
 from zero_ref.layout.grad_blocks import GradientWire
 from zero_ref.models.unit import init_params
 from zero_ref.numerics.dtypes import ElementBytes

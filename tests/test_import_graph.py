@@ -30,10 +30,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("runtime", "io", "numerics"),
     ("zero_ref",),  # the package __init__: __version__, the thread budget (runtime.threads)
     ("config",),  # every frozen config, validated once
+    ("formulas",),  # closed forms from integers: bytes held, bytes moved, a step's time
     ("optim",),  # the update phase's kernels, each beside its NumPy twin (and CUDA's)
     ("gpu",),  # device arrays and copies, the device's placement and compute policies
     ("comm",),  # the only mpi4py importer: host and device (staged) collectives
-    ("formulas",),  # each rank's bytes per stage; the step time, the ledger's bytes priced
     ("models",),  # units with hand-written backward, on NumPy or the device's module
     ("oracle",),  # what one process holding everything computes, and fast mode's bound
     ("check",),  # another framework's run against the single-rank math (no MPI, torch optional)

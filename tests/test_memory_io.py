@@ -12,7 +12,6 @@ from mpi4py import MPI
 
 from zero_ref.app.cli import parse_args
 from zero_ref.comm.collectives import Comm
-from zero_ref.comm.ledger import paper_sent_bytes
 from zero_ref.config import MixedPrecisionConfig, ZeroConfig
 from zero_ref.engine.ladder import make_engine
 from zero_ref.engine.memory import (
@@ -22,6 +21,7 @@ from zero_ref.engine.memory import (
     formula_bytes,
     paper_formula_bytes,
 )
+from zero_ref.formulas.traffic import paper_sent_bytes
 from zero_ref.io.atomic import atomic_write, atomic_write_bytes
 from zero_ref.io.tensor_io import load_named, save_safetensors
 from zero_ref.models.unit import init_params

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from tests.mpi_pool import mpi_env, mpirun_command, run_watched
-from zero_ref.comm.ledger import expected_sent_bytes
 from zero_ref.config import AdamWConfig
+from zero_ref.formulas.traffic import expected_sent_bytes
 from zero_ref.io.metrics_log import read_jsonl
 from zero_ref.oracle.bound import worst_violation
 from zero_ref.oracle.single_rank import Oracle

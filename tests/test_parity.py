@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.test_buckets import expected_bucket_plan
-from zero_ref.comm.ledger import HierarchicalGathers, QuantizedGathers, expected_sent_bytes
+from zero_ref.formulas.traffic import HierarchicalGathers, QuantizedGathers, expected_sent_bytes
 from zero_ref.layout.flat import padded_numel
 from zero_ref.layout.grad_blocks import GradientWire
 from zero_ref.numerics.dtypes import ElementBytes

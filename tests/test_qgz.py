@@ -19,11 +19,11 @@ from mpi4py import MPI
 from zero_ref.app.cli import parse_args
 from zero_ref.app.estimate import estimate_for
 from zero_ref.comm.choose import comm_for
-from zero_ref.comm.ledger import expected_sent_bytes
 from zero_ref.config import ZeroConfig, ZeroPPConfig
 from zero_ref.engine.init_source import RandomInit
 from zero_ref.engine.ladder import make_engine
 from zero_ref.formulas.memory import quantized_reduce_bytes
+from zero_ref.formulas.traffic import expected_sent_bytes
 from zero_ref.layout.buckets import plan_buckets
 from zero_ref.layout.grad_blocks import block_starts, plan_blocks, plan_wire
 from zero_ref.models.gpt import GPT, GPTConfig

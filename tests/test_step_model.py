@@ -5,7 +5,6 @@ import math
 
 import pytest
 
-from zero_ref.comm.ledger import stage3_gathers
 from zero_ref.formulas.step_model import (
     Cluster,
     Link,
@@ -15,6 +14,7 @@ from zero_ref.formulas.step_model import (
     predict,
     stage3_forward_backward,
 )
+from zero_ref.formulas.traffic import stage3_gathers
 
 UNITS = (1000, 3000, 2000, 500)
 FAST = Link(0.0, math.inf)

@@ -21,8 +21,8 @@ from zero_ref.engine.unit_gather import (
     WorldGather,
     unit_gather_for,
 )
-from zero_ref.engine.unit_order import step_reads
 from zero_ref.formulas.memory import prefetch_plan
+from zero_ref.formulas.unit_order import step_reads
 from zero_ref.layout.flat import model_layout
 from zero_ref.models.mlp import CharMLP, MLPConfig
 

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 from zero_ref.app.process_memory import PhasePeaks
-from zero_ref.comm.ledger import (
-    COPY_KINDS,
-    CommLedger,
+from zero_ref.comm.ledger import COPY_KINDS, CommLedger
+from zero_ref.formulas.memory import CATEGORIES, FP32, formula_bytes, paper_formula_bytes
+from zero_ref.formulas.traffic import (
     HierarchicalGathers,
     QuantizedGathers,
     expected_sent_bytes,
     hpz_sent_bytes,
     paper_sent_bytes,
 )
-from zero_ref.formulas.memory import CATEGORIES, FP32, formula_bytes, paper_formula_bytes
 from zero_ref.layout.grad_blocks import GradientWire
 from zero_ref.numerics.dtypes import ElementBytes
 

@@ -15,13 +15,13 @@ from zero_ref.app.process_memory import PhasePeaks
 from zero_ref.app.report import comm_table, memory_table, rank_report, rss_table
 from zero_ref.app.run_setup import Prepared
 from zero_ref.app.tasks import Task
-from zero_ref.comm.ledger import (
+from zero_ref.formulas.memory import formula_bytes
+from zero_ref.formulas.traffic import (
     HierarchicalGathers,
     QuantizedGathers,
     expected_sent_bytes,
     paper_sent_bytes,
 )
-from zero_ref.formulas.memory import formula_bytes
 from zero_ref.io.metrics_log import JsonlLog
 from zero_ref.io.tensor_io import SafetensorsWriter
 from zero_ref.io.trace import Trace, write_trace

@@ -45,8 +45,8 @@ from enum import Enum
 
 import numpy as np
 
-from zero_ref.engine.unit_order import step_reads
 from zero_ref.formulas.memory import PrefetchPlan, prefetch_plan
+from zero_ref.formulas.unit_order import step_reads
 
 Key = tuple[int, bool]  # (unit, quantized): what a buffer holds
 
@@ -248,7 +248,7 @@ def gathers_per_step(
     """How often each unit is all-gathered in one step (after an update: nothing held)
     under `plan`: this module's own policy run over the step's order of units (engine/
     unit_order.py's, which engine/step.py follows) with gathers counted, not made.
-    The blocking plan gives comm/ledger.py's stage3_gathers. quantized (qwZ): forward's
+    The blocking plan gives formulas/traffic.py's stage3_gathers. quantized (qwZ): forward's
     keys are (i, True); the counts are then of both kinds (gathers_by_kind splits them)."""
     full, forward = gathers_by_kind(plan, unit_numels, grad_accum, quantized)
     return [a + b for a, b in zip(full, forward, strict=True)]

@@ -134,7 +134,7 @@ class GatheredParams:
         return lambda: landing
 
     def gathers(self) -> UnitGathers:
-        """Each unit's gathers per step where they are not comm/ledger.py's
+        """Each unit's gathers per step where they are not formulas/traffic.py's
         stage3_gathers: with prefetch buffers or persistent units, and by kind with
         qwZ (forward's in int8 and scales) or hpZ (the group's from the copy)."""
         numels = [u.padded_numel for u in self.ctx.layout.units]

@@ -7,7 +7,7 @@ reads next, so stage 3 can gather them ahead; release; after_update) and
 `self.grads` (unit_grads, unit_done, backward_done, norm); the order of the
 forward, backward and update is written here once, so every stage runs it the
 same and the oracle (zero_ref/oracle/single_rank.py) can follow it. The order of the units'
-reads, and what follows each, is engine/unit_order.py's.
+reads, and what follows each, is formulas/unit_order.py's.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from functools import partial
 
 import numpy as np
 
-from zero_ref.engine.unit_order import after_backward, after_forward, phase
+from zero_ref.formulas.unit_order import after_backward, after_forward, phase
 from zero_ref.optim.adamw import adamw_scalars, with_lr
 from zero_ref.optim.gradnorm import clip_coefficient
 from zero_ref.optim.nonfinite import NonFiniteGradientError, describe_full_index, locate_nonfinite

@@ -16,7 +16,7 @@ Each answers the same questions: the key of a read (`key`: what a gathered-unit 
 then holds, engine/gathered_unit.py), how to issue a gather of a key (`issue`), what
 the shards changing drops (`invalidate`), what to free at the end (`close`), the group
 Comm of its own (`group`, None when it has none), and each unit's gathers per step for
-the traffic ledger (`gathers`, comm/ledger.py's expected_sent_bytes reads them).
+the traffic ledger (`gathers`, formulas/traffic.py's expected_sent_bytes reads them).
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from __future__ import annotations
 import numpy as np
 
 from zero_ref.comm.groups import partition_group
-from zero_ref.comm.ledger import HierarchicalGathers, QuantizedGathers
 from zero_ref.engine.gathered_unit import Key, gathers_by_kind, gathers_per_step
 from zero_ref.engine.quantized_gather import QuantizedGather
 from zero_ref.engine.secondary_copy import SecondaryCopy
 from zero_ref.formulas.memory import PrefetchPlan
+from zero_ref.formulas.traffic import HierarchicalGathers, QuantizedGathers
 
 UnitGathers = list[int] | QuantizedGathers | HierarchicalGathers | None
 
@@ -54,7 +54,7 @@ class WorldGather:
         """Nothing was split."""
 
     def gathers(self, plan: PrefetchPlan, numels: list[int], grad_accum: int) -> UnitGathers:
-        """None where comm/ledger.py's stage3_gathers counts them (one buffer, no
+        """None where formulas/traffic.py's stage3_gathers counts them (one buffer, no
         persistent unit); else the count under the plan's prefetch and persistence."""
         if plan.buffers == 1 and not plan.persistent:
             return None

@@ -2,7 +2,7 @@
 
 The step is compute (forward, backward, the optimizer on this rank's shard) plus each
 collective of the step priced as alpha per message and beta per byte, inside a host
-and across hosts. The bytes are the ledger's (zero_ref/comm/ledger.py expected_sent_bytes
+and across hosts. The bytes are the ledger's (zero_ref/formulas/traffic.py expected_sent_bytes
 and hpz_sent_bytes, the paper's Sec. 7 volumes: 2 Psi at stages 0-2, 3 Psi at stage 3,
 ZeRO++'s qwZ, hpZ and qgZ as zero_ref sends them); this module only says which link each
 byte crosses and when compute can hide it. With overlap, the collectives hide as
@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from zero_ref.comm.ledger import (
+from zero_ref.formulas.traffic import (
     HierarchicalGathers,
     QuantizedGathers,
     expected_sent_bytes,

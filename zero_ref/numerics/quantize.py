@@ -74,7 +74,7 @@ def payload_bytes(numel: int, block: int) -> int:
 def quantized_gather_bytes(numel: int, block: int) -> int:
     """Bytes of numel values quantized: numel int8 values and a float32 scale per block.
     A qwZ row's size in memory (formulas/memory.py's quantized_gather_buffers) and, for a
-    padded unit, one quantized gather's bytes over all ranks (comm/ledger.py's traffic
+    padded unit, one quantized gather's bytes over all ranks (formulas/traffic.py's
     formulas; what a rank sends is (W-1)/W of it)."""
     return numel + SCALE_BYTES * (numel // block)
 
