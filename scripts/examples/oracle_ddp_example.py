@@ -70,6 +70,14 @@ def worker(rank: int, store: str, out: str, divide: bool) -> None:
             json.dump(result, f)
     dist.barrier()  # no rank tears gloo down while another still uses it
     dist.destroy_process_group()
+    # Leave without the interpreter's finalization: a gloo worker thread can still hold
+    # objects whose destruction then needs the GIL, and the process aborts ("terminate called
+    # without an active exception": a rank of this example ended so twice, in CI and under
+    # load; pytorch/pytorch PR #179291 describes the cause). Everything this rank writes is
+    # closed above; the exit code is 0, as mp.spawn expects.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main() -> None:
