@@ -113,6 +113,10 @@ def test_forward_backward_split_sums_to_the_ledgers(n, k):
         (lambda: Workload(1, UNITS, -1.0, 0.0), "forward_s"),
         (lambda: Workload(2, UNITS, 0.0, 0.0, hpz=True), "stage"),
         (lambda: Workload(0, UNITS, 0.0, 0.0, qgz_blocks=3), "stage"),
+        (lambda: Workload(1, UNITS, 0.0, 0.0, qgz_blocks=3, qgz_hops=3), "qgz_hops"),
+        (lambda: Workload(1, UNITS, 0.0, 0.0, qgz_hops=0), "qgz_hops"),
+        (lambda: Workload(1, UNITS, 0.0, 0.0, call_s=-1e-6), "call_s"),
+        (lambda: Workload(1, UNITS, 0.0, 0.0, overlap_efficiency=1.01), "overlap_efficiency"),
         (lambda: Cluster(0, 1, FAST, FAST), "hosts"),
         (lambda: Cluster(1, 1, FAST, FAST, placement="ring"), "placement"),
         (lambda: Cluster(1, 1, FAST, FAST, collectives="tree"), "collectives"),
@@ -142,3 +146,45 @@ def test_a_prefetch_plans_gathers_move_fewer_backward_bytes():
     assert plain - held == pytest.approx(4 * 2000 * (2 - 1) / 2)
     with pytest.raises(ValueError, match="gathers"):
         work(3, gathers=(1, 1))
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_each_call_costs_its_overhead_and_nothing_hides_it(stage, overlap):
+    """call_s is the rank's own CPU around each call: added once a call (the flights'
+    and the scalars'), whatever the overlap, never hidden."""
+    c = cluster(rate=1e6)  # comm far above compute: overlap hides all it can
+    base = predict(work(stage, overlap=overlap), c, scalars=2)
+    more = predict(work(stage, overlap=overlap, call_s=1e-3), c, scalars=2)
+    calls = sum(f.calls for f in flights_of(work(stage), c)) + 2
+    assert more.step_s - base.step_s == pytest.approx(1e-3 * calls)
+    assert more.hidden_s == base.hidden_s
+    one_rank = Cluster(1, 1, FAST, FAST)  # no collective at all: no overhead
+    assert predict(work(stage, call_s=1.0), one_rank).step_s == pytest.approx(
+        predict(work(stage), one_rank).step_s
+    )
+
+
+def test_a_qgz_bucket_is_one_operation_in_one_hop_or_two():
+    """call_s is paid once a bucket whatever qgZ's hops (what the two hosts measured)."""
+    c = cluster(rate=1e6)
+    for hops in (1, 2):
+        plain = work(1, qgz_blocks=4, reduce_buckets=3, qgz_hops=hops)
+        costly = work(1, qgz_blocks=4, reduce_buckets=3, qgz_hops=hops, call_s=1.0)
+        extra = predict(costly, c, 0).step_s - predict(plain, c, 0).step_s
+        assert extra == pytest.approx(3 + len(UNITS)), hops  # 3 buckets, a gather a unit
+
+
+@pytest.mark.parametrize("per_host", [2, 3])
+@pytest.mark.parametrize("placement", ["block", "cyclic"])
+def test_one_hop_qgz_sends_each_ranks_rows_across(per_host, placement):
+    """qgZ in one hop is an Alltoall: every rank's rows for the other hosts cross, L
+    times the least whatever the placement; two hops send the least."""
+    c = cluster(hosts=3, per_host=per_host, placement=placement, coll="hierarchical")
+    one = flights_of(work(2, qgz_blocks=4, qgz_hops=1), c)[0]
+    two = flights_of(work(2, qgz_blocks=4), c)[0]
+    assert (one.kind, two.kind) == ("alltoall_qgz", "reduce_scatter_qgz")
+    assert one.buffer_bytes == two.buffer_bytes  # the ledger's bytes: (W-1)/W N either way
+    least = two.buffer_bytes * 2 / 3
+    assert host_link_bytes(two, c) == pytest.approx(least)
+    assert host_link_bytes(one, c) == pytest.approx(per_host * least)

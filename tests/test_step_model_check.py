@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -15,7 +16,7 @@ import step_model_check as check  # noqa: E402
 from step_model_runs import CONFIGS  # noqa: E402
 
 RATES = {None: 1.2e9, 300.0: 2.4e7, 100.0: 9.5e6, 30.0: 3.4e6}
-KINDS = {  # the ledger's calls per kind that the check reads (buckets, scalars)
+KINDS = {  # the ledger's calls per kind the check reads (buckets, scalars): stage 0, 1-3
     0: {"allreduce": {"calls": 15}, "loss": {"calls": 1}},
     3: {"reduce_scatter": {"calls": 15}, "loss": {"calls": 1}, "norm": {"calls": 1}},
 }
@@ -26,9 +27,9 @@ def synthetic(theta: dict) -> list[dict]:
     """Every fitted configuration at every rate, its step time the model's own."""
     cases = []
     for rate, link in RATES.items():
-        for config in ("s0", "s3", "s3_zeropp", "s3_overlap"):
+        for config in (*check.FIT_SET, *check.OVERLAP_FIT):
             stage, flags = CONFIGS[config]
-            kinds = ZPP_KINDS if "zeropp" in config else KINDS[stage]
+            kinds = ZPP_KINDS if "zeropp" in config else KINDS[0 if stage == 0 else 3]
             case = {"config": config, "stage": stage, "flags": list(flags), "kinds": kinds}
             case |= {"placement": "block", "rate_mbit": rate, "link_bytes_s": link}
             case |= {"alpha_s": 2e-5, "intra_bytes_s": 1.2e9}
@@ -38,12 +39,36 @@ def synthetic(theta: dict) -> list[dict]:
 
 
 def test_the_fit_recovers_the_models_own_constants():
-    theta = {"compute_s": 0.03, "link_factor": 0.9, "quantize_s_per_numel": 2e-8}
-    cases = synthetic(theta | {"overlap_efficiency": 0.4})
+    """The four linear constants, then each link's overlap efficiency (a different one
+    per link, so a fit that shared one across links would fail)."""
+    theta = {
+        "compute_s": 0.03,
+        "link_factor": 0.9,
+        "quantize_s_per_numel": 2e-8,
+        "call_s": 3e-4,
+    }
+    efficiency = {"None": 0.0, "300.0": 0.3, "100.0": 0.6, "30.0": 0.9}
+    cases = synthetic(theta | {"overlap_efficiency": efficiency})
     fitted = check.fit(cases)["constants"]
     for name, value in theta.items():
         assert fitted[name] == pytest.approx(value, rel=1e-6), name
-    assert fitted["overlap_efficiency"] == pytest.approx(0.4)
+    # the unlimited link's runs are too short for overlap to change them: any value fits
+    for rate in ("300.0", "100.0", "30.0"):
+        assert fitted["overlap_efficiency"][rate] == pytest.approx(efficiency[rate]), rate
+
+
+def test_nonnegative_lstsq_never_returns_a_negative_constant():
+    """Where the plain fit drives a constant below 0, it is held at 0 and the others
+    refit; where the plain fit is already >= 0, it is returned unchanged."""
+    a = np.array([[1.0, 1.0], [1.0, 1.1], [1.0, 0.9]])
+    y = np.array([1.0, 0.9, 1.1])  # the plain fit's second constant is negative
+    plain, *_ = np.linalg.lstsq(a, y, rcond=None)
+    assert plain[1] < 0
+    theta = check.nonnegative_lstsq(a, y)
+    assert (theta >= 0).all() and theta[1] == 0
+    assert theta[0] == pytest.approx(1.0)  # the mean of y, the best with the second at 0
+    y_ok = a @ np.array([0.5, 0.25])
+    assert check.nonnegative_lstsq(a, y_ok) == pytest.approx([0.5, 0.25])
 
 
 def test_merged_takes_each_cases_least_repeat_and_keeps_them_all():

@@ -6,14 +6,15 @@
 
 The default GPT on 2 hosts x 2 ranks (scripts/bench/step_model_runs.py): on the unlimited
 veth and at 300, 100 and 30 Mbit/s (tbf, burst one frame), ranks in blocks and cyclic,
-stages 0-3 blocking, stages 1-3 overlapped, and stage 3 with ZeRO++ (qwZ + hpZ + qgZ).
-The model's constants are fitted by least squares (of relative errors) on the blocking
-runs in blocks of stage 0, stage 3 and stage 3 with ZeRO++ (FIT_SET, at every rate),
-where the model is linear in them. Measured, not fitted: alpha, half the link's tiny
-all-gather over the 4 ranks (two messages, link_probe.py) on each link; the rate inside
-a host, taken as the unlimited veth's one-stream rate (a fit cannot tell a host's
-shared-memory bytes from compute here: every configuration moves 0.45-0.69 MB of them).
-Fitted:
+stages 0-3 blocking, stages 1-3 overlapped, and stage 3 with ZeRO++ (qwZ + hpZ + qgZ; with
+ranks cyclic hpZ over the host's ranks and qgZ in one hop, step_model_runs.ZEROPP_CYCLIC).
+The model's constants are fitted by least squares (of relative errors, every constant
+>= 0) on the blocking runs in blocks of stage 0, stage 3 and stage 3 with ZeRO++ (FIT_SET,
+at every rate), where the model is linear in them. Measured, not fitted: alpha, half the
+link's tiny all-gather over the 4 ranks (two messages, link_probe.py) on each link; the
+rate inside a host, taken as the unlimited veth's one-stream rate (a fit cannot tell a
+host's shared-memory bytes from compute here: every configuration moves 0.45-0.69 MB of
+them). Fitted:
 
   compute_s     forward + backward + optimizer of one rank (split 1:2 for overlap; the
                 optimizer's full step at stage 0 against its quarter at stage 3 is not
@@ -21,16 +22,22 @@ Fitted:
   link_factor   measured step seconds per second of link bytes at the link's measured
                 one-stream TCP rate (1 = the link runs at that rate)
   quantize_s_per_numel  ZeRO++'s (de)quantization on the CPU
-  overlap_efficiency    the share of a phase's compute the collectives behind it run
-                under (0-1, a grid), fitted apart on stage 3 overlapped in blocks (OVERLAP_FIT)
+  call_s        the rank's own seconds a collective call (zero_ref's Python, mpi4py,
+                the ledger and the buffers' copies around each call)
+  overlap_efficiency    per link: the share of a phase's compute the collectives behind
+                it run under (0-1, a grid), fitted apart on the overlapped runs in blocks
+                (OVERLAP_FIT) with the constants above held
 
-Every other case (stages 1-2, cyclic placement, the other overlapped runs) is predicted,
+Every other case (stages 1-2 blocking in blocks, every run with ranks cyclic) is predicted,
 not fitted. Prints the table and one JSON line last.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
+import itertools
 import json
 import math
 import signal
@@ -49,47 +56,66 @@ from zero_ref.formulas.step_model import Cluster, Link, Workload, host_link_byte
 from zero_ref.layout.flat import layout_align, model_layout
 
 FIT_SET = ("s0", "s3", "s3_zeropp")  # blocking, ranks in blocks, every rate
-OVERLAP_FIT = "s3_overlap"  # ranks in blocks, every rate: overlap_efficiency
-CONSTANTS = ("compute_s", "link_factor", "quantize_s_per_numel")
+OVERLAP_FIT = ("s1_overlap", "s2_overlap", "s3_overlap", "s3_zeropp_overlap")  # in blocks
+CONSTANTS = ("compute_s", "link_factor", "quantize_s_per_numel", "call_s")
 GOAL = 0.15
 HOSTS, PER_HOST = 2, 2
-REDUCE_KINDS = ("reduce_scatter", "allreduce", "reduce_scatter_int8_local")
+REDUCE_KINDS = ("reduce_scatter", "allreduce", "reduce_scatter_int8_local", "reduce_scatter_int8")
 
 
-def workload_of(case: dict, theta: dict) -> Workload:
-    """The case's model and options, with the fitted constants."""
+@functools.cache
+def shape_of(stage: int, flags: tuple[str, ...]) -> Workload:
+    """What the run's flags fix (its units, prefetch plan and ZeRO++ options), every
+    fitted constant 0: parsed and laid out once per configuration, as the fit asks for
+    the same cases many times."""
     world = HOSTS * PER_HOST
-    parsed = train_args(["--stage", str(case["stage"]), *case["flags"]], world)
+    parsed = train_args(["--stage", str(stage), *flags], world)
     zero = parsed.zero
     units = tuple(
         u.padded_numel
         for u in model_layout(model_for(parsed, world), world, layout_align(zero)).units
     )
-    buckets = sum(case["kinds"].get(k, {}).get("calls", 0) for k in REDUCE_KINDS)
     hpz = zero.zeropp.hpz_partition_size not in (None, 1)
-    overlap = "--overlap-comm" in case["flags"]
+    overlap = "--overlap-comm" in flags
     gathers = None
-    if case["stage"] == 3 and not (hpz or zero.zeropp.quantized_weights):  # the plan's gathers
+    if stage == 3 and not (hpz or zero.zeropp.quantized_weights):  # the plan's gathers
         ov = zero.overlap
         plan = prefetch_plan(
             units, overlap, ov.prefetch_numel, ov.max_live_numel, ov.persistence_numel
         )
         gathers = tuple(gathers_per_step(plan, list(units), zero.grad_accum))
     return Workload(
-        stage=case["stage"],
+        stage=stage,
         unit_numels=units,
-        forward_s=theta["compute_s"] / 3,
-        backward_s=theta["compute_s"] * 2 / 3,
-        optimizer_s=0.0,  # inside compute_s (module docstring)
+        forward_s=0.0,
+        backward_s=0.0,
         overlap=overlap,
         gathers=gathers,
         qwz_block=zero.zeropp.quantize_block if zero.zeropp.quantized_weights else None,
         hpz=hpz,
         qgz_blocks=_qgz_blocks(zero, list(units), world),
+        qgz_hops=1 if zero.zeropp.quantized_gradient_local_size == "world" else 2,
+    )
+
+
+def workload_of(case: dict, theta: dict) -> Workload:
+    """The case's model and options, with the fitted constants."""
+    buckets = sum(case["kinds"].get(k, {}).get("calls", 0) for k in REDUCE_KINDS)
+    return dataclasses.replace(
+        shape_of(case["stage"], tuple(case["flags"])),
+        forward_s=theta["compute_s"] / 3,
+        backward_s=theta["compute_s"] * 2 / 3,
+        optimizer_s=0.0,  # inside compute_s (module docstring)
         reduce_buckets=buckets or None,
         quantize_s_per_numel=theta["quantize_s_per_numel"],
-        overlap_efficiency=theta.get("overlap_efficiency", 1.0),
+        overlap_efficiency=efficiency_of(case, theta),
+        call_s=theta["call_s"],
     )
+
+
+def efficiency_of(case: dict, theta: dict) -> float:
+    """The case's link's fitted overlap_efficiency (1 before it is fitted)."""
+    return theta.get("overlap_efficiency", {}).get(str(case["rate_mbit"]), 1.0)
 
 
 def cluster_of(case: dict, theta: dict) -> Cluster:
@@ -140,6 +166,26 @@ def replace_flags(case: dict) -> dict:
     return {**case, "flags": [f for f in case["flags"] if f != "--overlap-comm"]}
 
 
+def nonnegative_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every constant >= 0 (each is seconds or a factor): the best of
+    the fits over each subset of the constants, the others held at 0 (exact for these
+    few columns; a plain fit can go negative where two constants explain the same runs)."""
+    best, best_err = np.zeros(a.shape[1]), float(np.sum(y**2))
+    for free in itertools.product((False, True), repeat=a.shape[1]):
+        cols = [i for i, f in enumerate(free) if f]
+        if not cols:
+            continue
+        sub, *_ = np.linalg.lstsq(a[:, cols], y, rcond=None)
+        if (sub < 0).any():
+            continue
+        theta = np.zeros(a.shape[1])
+        theta[cols] = sub
+        err = float(np.sum((a @ theta - y) ** 2))
+        if err < best_err:
+            best, best_err = theta, err
+    return best
+
+
 def fit(cases: list[dict]) -> dict:
     chosen = [c for c in cases if c["config"] in FIT_SET and c["placement"] == "block"]
     a = np.array([features(c) for c in chosen])
@@ -147,15 +193,18 @@ def fit(cases: list[dict]) -> dict:
     # relative errors (rows over the measured step), the check's own measure: a slow
     # link's long step would otherwise outweigh the fast ones
     scale = 1 / np.array([c["step_s"] for c in chosen])
-    theta, *_ = np.linalg.lstsq(a * scale[:, None], y * scale, rcond=None)
+    theta = nonnegative_lstsq(a * scale[:, None], y * scale)
     constants = dict(zip(CONSTANTS, map(float, theta), strict=True))
-    overlapped = [c for c in cases if c["config"] == OVERLAP_FIT and c["placement"] == "block"]
+    overlapped = [c for c in cases if c["config"] in OVERLAP_FIT and c["placement"] == "block"]
+    constants["overlap_efficiency"] = {}
+    for rate in dict.fromkeys(str(c["rate_mbit"]) for c in overlapped):
+        here = [c for c in overlapped if str(c["rate_mbit"]) == rate]
 
-    def misfit(e: float) -> float:
-        th = constants | {"overlap_efficiency": e}
-        return sum((predicted(c, th).step_s / c["step_s"] - 1) ** 2 for c in overlapped)
+        def misfit(e: float, here: list[dict] = here, rate: str = rate) -> float:
+            th = constants | {"overlap_efficiency": {rate: e}}
+            return sum((predicted(c, th).step_s / c["step_s"] - 1) ** 2 for c in here)
 
-    constants["overlap_efficiency"] = min((k / 100 for k in range(101)), key=misfit)
+        constants["overlap_efficiency"][rate] = min((k / 100 for k in range(101)), key=misfit)
     return {"constants": constants, "cases": len(chosen) + len(overlapped)}
 
 
@@ -167,7 +216,7 @@ def check(cases: list[dict], theta: dict) -> list[dict]:
             rows.append(row | {"error": c["error"]})
             continue
         p = predicted(c, theta)
-        fitted = c["config"] in (*FIT_SET, OVERLAP_FIT) and c["placement"] == "block"
+        fitted = c["config"] in (*FIT_SET, *OVERLAP_FIT) and c["placement"] == "block"
         row |= {
             "fitted": fitted,
             "measured_s": c["step_s"],
@@ -287,6 +336,7 @@ def main() -> None:
             "rows": rows,
             "links": raw["links"],
             "fit_set": list(FIT_SET),
+            "overlap_fit": list(OVERLAP_FIT),
             "sweeps": raw["sweeps"],
             "load_average": load_average(),
         },

@@ -10,11 +10,20 @@ docs/step_model.md repeats them. Weak scaling: each GPU keeps its TOKENS per ste
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 
 from bench_common import add_record_flag, emit
 
-from zero_ref.formulas.step_model import Cluster, Link, Workload, predict
+from zero_ref.formulas.step_model import (
+    Cluster,
+    Link,
+    Workload,
+    flights_of,
+    host_link_bytes,
+    predict,
+)
+from zero_ref.layout.grad_blocks import GradientWire
 from zero_ref.numerics.dtypes import ElementBytes
 
 ASSUMPTIONS = {
@@ -31,6 +40,10 @@ ASSUMPTIONS = {
     "reduce_bucket_numel": 500_000_000,  # DeepSpeed's reduce_bucket_size default
     "quantize_block": 2048,
     "overlap_efficiency": 1.0,  # collectives run under all of compute: an assumption
+    # the rank's own seconds a collective call: 0, an assumption. The two hosts fit
+    # zero_ref's (its Python around each call, docs/step_model.md); a GPU framework's
+    # cost per call is not measured here.
+    "call_s": 0.0,
 }
 # (name, parameters, layers): Llama 2's 7B and 70B (Touvron et al. 2023, Table 1 sizes)
 MODELS = (("7B", 6.74e9, 32), ("70B", 68.98e9, 80))
@@ -55,6 +68,7 @@ def workload(
         sizes=BF16,
         overlap=True,
         overlap_efficiency=a["overlap_efficiency"],
+        call_s=a["call_s"],
         qwz_block=block if zpp and stage == 3 else None,
         hpz=zpp and stage == 3,
         qgz_blocks=int(params // world // block) if zpp else None,
@@ -165,15 +179,82 @@ def break_even_markdown(table: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# ZeRO++'s cross-node volume per step, in units of M (the model's fp16 bytes), as its
+# authors tabulate it: DeepSpeed's blogs/zeropp/japanese/README.md (deepspeedai/DeepSpeed,
+# commit 862edef), "Communication Volume": forward all-gather, backward all-gather,
+# backward reduce-scatter, total. Its 0.25M for gradients is qgZ at 4 bits (the paper's).
+PUBLISHED_VOLUME = {"ZeRO-3": (1.0, 1.0, 1.0, 3.0), "ZeRO++": (0.5, 0.0, 0.25, 0.75)}
+VOLUME_KINDS = {  # the model's flights, in the published table's three columns
+    "allgather_forward": 0,
+    "allgather_backward": 1,
+    "allgather_hpz": 1,
+    "reduce_scatter": 2,
+    "reduce_scatter_qgz": 2,
+}
+
+
+def volume_rows(nodes: int = 64) -> list[dict]:
+    """Stage 3's bytes one node puts on its link a step, hierarchical collectives, per
+    column of ZeRO++'s table, in units of M (H-1)/H (the least an all-gather of the
+    fp16 model can send per node): ZeRO-3, ZeRO++ with qgZ at 8 bits (zero_ref's default)
+    and at 4 bits (the paper's), beside the published figures."""
+    out = []
+    world = nodes * GPUS
+    c = cluster(nodes, 200, "hierarchical")
+    for name, params, layers in MODELS:
+        unit = (int(params // layers),) * layers
+        m_least = 2 * sum(unit) * (nodes - 1) / nodes
+        for label, zpp, bits in (("ZeRO-3", False, None), ("ZeRO++", True, 8), ("ZeRO++", True, 4)):
+            w = workload(params, layers, 3, zpp, world)
+            if bits is not None:
+                row = sum(unit) // world  # a destination row's values; one scale a block
+                blocks = -(-row // ASSUMPTIONS["quantize_block"])
+                wire = GradientWire(bits, blocks, (row * bits + 7) // 8)
+                w = dataclasses.replace(w, qgz_blocks=wire)
+            cols = [0.0, 0.0, 0.0]
+            for f in flights_of(w, c):
+                cols[VOLUME_KINDS[f.kind]] += host_link_bytes(f, c) / m_least
+            out.append(
+                {
+                    "model": name,
+                    "nodes": nodes,
+                    "config": label,
+                    "qgz_bits": bits,
+                    "model_m": [*cols, sum(cols)],
+                    "published_m": list(PUBLISHED_VOLUME[label]),
+                }
+            )
+    return out
+
+
+def volume_markdown(table: list[dict]) -> str:
+    lines = ["| model | config | qgZ bits | forward gather | backward gather | reduction | total |"]
+    lines.append("|---|---|---|---|---|---|---|")
+    for r in table:
+        cells = " | ".join(
+            f"{m:.3f} ({p:g})" for m, p in zip(r["model_m"], r["published_m"], strict=True)
+        )
+        lines.append(f"| {r['model']} | {r['config']} | {r['qgz_bits'] or '-'} | {cells} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_record_flag(p, "step_model_clusters")
     a = p.parse_args()
     table = rows()
     even = break_even()
-    print(markdown(table) + "\n\n" + break_even_markdown(even))
+    volume = volume_rows()
+    print(markdown(table) + "\n\n" + break_even_markdown(even) + "\n\n" + volume_markdown(volume))
     emit(
-        {"assumptions": ASSUMPTIONS, "models": MODELS, "rows": table, "break_even": even}, a.record
+        {
+            "assumptions": ASSUMPTIONS,
+            "models": MODELS,
+            "rows": table,
+            "break_even": even,
+            "volume": volume,
+        },
+        a.record,
     )
 
 

@@ -17,6 +17,17 @@ from overlap_runs import PER_HOST, link_probe, link_rate, rank_env, run_train
 # parts together (qwZ int8 forward gathers, hpZ's host-wide secondary copy, qgZ's int8
 # two-hop gradients) on stage 3.
 ZEROPP = ("--quantized-weights", "--hpz-partition-size", str(PER_HOST), "--quantized-gradients")
+# With ranks cyclic a host's ranks are not consecutive: hpZ's group is then the host's
+# ranks ("host", MPI's shared-memory split), and qgZ goes in one hop ("world"), as
+# zero_ref.train's refusal of the default two hops there tells a user to do.
+ZEROPP_CYCLIC = (
+    "--quantized-weights",
+    "--hpz-partition-size",
+    "host",
+    "--quantized-gradients",
+    "--quantized-gradient-local-size",
+    "world",
+)
 CONFIGS: dict[str, tuple[int, tuple[str, ...]]] = {
     "s0": (0, ()),
     "s1": (1, ()),
@@ -42,13 +53,16 @@ def one_case(
     configuration's; flat collectives unless told, as the recorded check was measured
     before the two-level ones existed): the run's summary and its ledger."""
     stage, extra = CONFIGS[config]
+    if placement == "cyclic" and extra[: len(ZEROPP)] == ZEROPP:
+        extra = (*ZEROPP_CYCLIC, *extra[len(ZEROPP) :])
     extra = (*extra, *more)
     flags = ["--stage", str(stage), "--steps", str(steps), "--sample-chars", "0", "--quiet"]
     summary = run_train(pair, [*flags, *extra], log, 300.0, placement)
     final = [json.loads(x) for x in log.read_text().splitlines() if x.strip()][-1]
     kinds = final["ranks"][0]["comm_last_step"]
     summary["kinds"] = {
-        k: {"calls": v["calls"], "sent_bytes": v["sent_bytes"]} for k, v in kinds.items()
+        k: {"calls": v["calls"], "sent_bytes": v["sent_bytes"], "seconds": v["seconds"]}
+        for k, v in kinds.items()
     }
     return {
         "config": config,
@@ -81,8 +95,8 @@ def measure(
             link["allgather_tiny_s"] = probe["allgather_tiny_s"]
             links.append(link)
             print(f"link {rate or 'unlimited'}: {link['link_bytes_s'] / 1e6:.2f} MB/s", flush=True)
-            for placement in placements:
-                for config in configs:
+            for config in configs:  # the placements side by side, so drift hits both
+                for placement in placements:
                     try:
                         case = one_case(pair, config, placement, steps, log)
                     except SystemExit as exc:  # one failed run is recorded, not fatal

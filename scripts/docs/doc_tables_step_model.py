@@ -12,6 +12,11 @@ def _rate(mbit: float | None) -> str:
     return "unlimited" if mbit is None else f"{mbit:g}"
 
 
+def _mbit(key: str) -> float | None:
+    """A link's rate from its key in the JSON ('None' or '300.0')."""
+    return None if key == "None" else float(key)
+
+
 def step_model_fit(res: Result) -> str:
     """The fitted constants and the summary of the check."""
     d = res.data
@@ -20,7 +25,11 @@ def step_model_fit(res: Result) -> str:
         ["compute_s (forward + backward + optimizer)", f"{c['compute_s'] * 1e3:.1f} ms"],
         ["link_factor", f"{c['link_factor']:.2f}"],
         ["quantize_s_per_numel", f"{c['quantize_s_per_numel'] * 1e9:.1f} ns"],
-        ["overlap_efficiency", f"{c['overlap_efficiency']:.2f}"],
+        ["call_s (a collective call's own overhead)", f"{c['call_s'] * 1e6:.0f} us"],
+    ]
+    rows += [
+        [f"overlap_efficiency, {_rate(_mbit(k))} link", f"{e:.2f}"]
+        for k, e in c["overlap_efficiency"].items()
     ]
     alphas = ", ".join(
         f"{_rate(x['rate_mbit'])} {x['allgather_tiny_s'] / 2 * 1e6:.0f} us" for x in d["links"]
@@ -31,8 +40,8 @@ def step_model_fit(res: Result) -> str:
         "case's step: the least of "
         "its sweeps' medians; the load average above is the fit's, not the sweeps'). "
         f"Fitted by least squares on {d['fit']['cases']} runs "
-        f"({', '.join(d['fit_set'])} blocking, then s3_overlap for overlap_efficiency; ranks "
-        "in blocks, every link); alpha measured "
+        f"({', '.join(d['fit_set'])} blocking, then {', '.join(d['overlap_fit'])} for each "
+        "link's overlap_efficiency; ranks in blocks, every link); alpha measured "
         f"per link (half a tiny all-gather): {alphas}. Check: {s['within_goal']} of "
         f"{s['cases']} cases within {d['goal']:.0%}, median error "
         f"{s['median_abs_error']:.1%}, largest {s['max_abs_error']:.1%}; "
@@ -114,7 +123,20 @@ def step_model_break_even(res: Result) -> str:
     return table(["model", "link", "collectives", *(f"{n} nodes" for n in nodes)], rows)
 
 
+def step_model_volume(res: Result) -> str:
+    """Stage 3's cross-node bytes per step per column of ZeRO++'s table, in units of M,
+    the model's beside the published."""
+    rows = []
+    for r in res.data["volume"]:
+        cells = [f"{m:.2f} ({p:g})" for m, p in zip(r["model_m"], r["published_m"], strict=True)]
+        rows.append([r["model"], r["config"], str(r["qgz_bits"] or "-"), *cells])
+    header = ["model", "config", "qgZ bits", "forward gather", "backward gather"]
+    header += ["gradients", "total"]
+    return table(header, rows)
+
+
 RENDERERS = {
+    "step_model_volume": step_model_volume,
     "step_model_fit": step_model_fit,
     "step_model_check": step_model_check,
     "step_model_clusters": step_model_clusters,

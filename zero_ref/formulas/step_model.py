@@ -2,8 +2,10 @@
 
 The step is compute (forward, backward, the optimizer on this rank's shard) plus each
 collective of the step priced as alpha per message and beta per byte, inside a host
-and across hosts. The bytes are the ledger's (zero_ref/formulas/traffic.py expected_sent_bytes
-and hpz_sent_bytes, the paper's Sec. 7 volumes: 2 Psi at stages 0-2, 3 Psi at stage 3,
+and across hosts, plus the rank's own overhead per collective operation (call_s, LogP's
+o: what the rank itself spends issuing and completing it, which no overlap hides).
+The bytes are the ledger's (zero_ref/formulas/traffic.py expected_sent_bytes and
+hpz_sent_bytes, the paper's Sec. 7 volumes: 2 Psi at stages 0-2, 3 Psi at stage 3,
 ZeRO++'s qwZ, hpZ and qgZ as zero_ref sends them); this module only says which link each
 byte crosses and when compute can hide it. With overlap, the collectives hide as
 scripts/bench/overlap_budget.py's dependency bound splits them: stages 1-2's parameter
@@ -35,6 +37,7 @@ from zero_ref.numerics.dtypes import ElementBytes
 PLACEMENTS = ("block", "cyclic")
 COLLECTIVES = ("flat", "hierarchical")
 NODE_AWARE = ("reduce_scatter_qgz",)  # node-aware whatever the setting: qgZ's two hops
+ONE_HOP = ("alltoall_qgz",)  # qgZ in one hop: every rank's own rows cross, whatever the setting
 
 
 def _check(name: str, value: float, allowed: str, ok: bool) -> None:
@@ -90,7 +93,8 @@ class Workload:
         steps 1/W of it), and the options. qwz_block: qwZ's block (None: off); hpz: hpZ's
         secondary copy inside each host (stage 3); qgz_blocks: qgZ int8's scale blocks of a
         destination row (None: off); qgZ crosses in two hops (inside the host, then across),
-    zero_ref's default ('host')."""
+    zero_ref's default ('host'), or with qgz_hops 1 in one (an Alltoall over every rank,
+    quantized_gradient_local_size 'world')."""
 
     stage: int
     unit_numels: tuple[int, ...]
@@ -103,10 +107,12 @@ class Workload:
     qwz_block: int | None = None
     hpz: bool = False
     qgz_blocks: int | GradientWire | None = None
+    qgz_hops: int = 2
     reduce_buckets: int | None = None  # gradient messages a micro-step (None: one a unit)
     quantize_s_per_numel: float = 0.0  # ZeRO++'s (de)quantization, seconds an element
     gathers: tuple[int, ...] | None = None  # stage 3 under a prefetch plan (class doc)
     overlap_efficiency: float = 1.0  # the share of a phase's compute comm can run under
+    call_s: float = 0.0  # the rank's own seconds a collective operation (LogP's overhead o)
 
     def __post_init__(self) -> None:
         _check("stage", self.stage, "one of 0, 1, 2, 3", self.stage in (0, 1, 2, 3))
@@ -121,12 +127,14 @@ class Workload:
         _check("quantize_s_per_numel", q, "seconds >= 0", q >= 0)
         e = self.overlap_efficiency
         _check("overlap_efficiency", e, "between 0 and 1", 0 <= e <= 1)
+        _check("call_s", self.call_s, "seconds >= 0", self.call_s >= 0)
         g = self.gathers
         ok = g is None or (len(g) == len(self.unit_numels) and min(g) >= 0)
         _check("gathers", g, "None or a count >= 0 for each unit", ok)
         zpp = self.qwz_block is not None or self.hpz
         _check("stage", self.stage, "3 with qwZ or hpZ (ZeRO++ Sec. 3)", not zpp or self.stage == 3)
         qgz = self.qgz_blocks is not None
+        _check("qgz_hops", self.qgz_hops, "1 or 2", self.qgz_hops in (1, 2))
         _check("stage", self.stage, "1-3 with qgZ", not qgz or self.stage >= 1)
 
 
@@ -188,7 +196,9 @@ def _gradient_flight(w: Workload, world: int) -> Flight:
     sent = expected_sent_bytes(
         w.stage, w.unit_numels, world, w.grad_accum, grads_only, grad_blocks=w.qgz_blocks
     )
-    kind = "reduce_scatter_qgz" if w.qgz_blocks is not None else "reduce_scatter"
+    kind = "reduce_scatter"
+    if w.qgz_blocks is not None:
+        kind = "reduce_scatter_qgz" if w.qgz_hops == 2 else "alltoall_qgz"
     return Flight(kind, calls, _buffer(sent, world), True, "backward")
 
 
@@ -253,6 +263,8 @@ def host_link_bytes(f: Flight, c: Cluster) -> float:
         return 2 * least
     if f.kind in NODE_AWARE:
         return least
+    if f.kind in ONE_HOP:
+        return least * c.ranks_per_host
     flat_blocks = c.collectives == "flat" and c.placement == "block"
     return least * (c.ranks_per_host if flat_blocks else 1)
 
@@ -260,7 +272,8 @@ def host_link_bytes(f: Flight, c: Cluster) -> float:
 def flight_seconds(f: Flight, c: Cluster) -> float:
     """alpha per message and beta per byte, inside the host (each rank its (L-1)/L of
     the buffer, log2 L messages a call) and across (the host's link bytes, log2 H
-    messages a call); an all-reduce twice each (reduce-scatter + all-gather)."""
+    messages a call; an Alltoall one to each other rank); an all-reduce twice each
+    (reduce-scatter + all-gather)."""
     twice = 2 if f.kind == "allreduce" else 1
     per_host = c.ranks_per_host
     group = c.world if f.across_hosts else per_host
@@ -269,19 +282,21 @@ def flight_seconds(f: Flight, c: Cluster) -> float:
     intra_bytes = twice * f.buffer_bytes * (per_host - 1) / per_host
     intra_msgs = twice * f.calls * math.ceil(math.log2(per_host))
     inter_msgs = twice * f.calls * math.ceil(math.log2(c.hosts)) if f.across_hosts else 0
+    if f.kind in ONE_HOP:  # an Alltoall: a message to every other rank
+        intra_msgs, inter_msgs = f.calls * (per_host - 1), f.calls * (c.world - per_host)
     intra = c.intra.seconds(intra_msgs, intra_bytes) if per_host > 1 else 0.0
     return intra + c.inter.seconds(inter_msgs, host_link_bytes(f, c))
 
 
 def quantized_numel(w: Workload) -> int:
     """Elements ZeRO++ (de)quantizes a step: qwZ each forward gather's full unit, qgZ
-    the gradients twice a micro-step (each of its two hops quantizes and dequantizes)."""
+    the gradients once a micro-step a hop (each hop quantizes and dequantizes)."""
     numel = 0
     if w.qwz_block is not None:
         forward, _ = stage3_forward_backward(len(w.unit_numels), w.grad_accum)
         numel += sum(n * c for n, c in zip(w.unit_numels, forward, strict=True))
     if w.qgz_blocks is not None:
-        numel += 2 * sum(w.unit_numels) * w.grad_accum
+        numel += w.qgz_hops * sum(w.unit_numels) * w.grad_accum
     return numel
 
 
@@ -295,7 +310,9 @@ def compute_seconds(w: Workload, world: int) -> float:
 def predict(w: Workload, c: Cluster, scalars: int = 1) -> StepTime:
     """One step's time: compute plus what of each flight its phase's compute cannot hide
     (everything, without overlap), plus `scalars` blocking all-reduces of a few bytes
-    (the loss, a gradient norm), each alpha across the hosts and inside."""
+    (the loss, a gradient norm), each alpha across the hosts and inside; and each call's
+    own overhead (call_s: the rank's CPU seconds to issue and complete it, which no
+    compute hides because the rank itself spends them)."""
     flights = flights_of(w, c)
     behind = {"forward": 0.0, "backward": 0.0, "": 0.0}
     for f in flights:
@@ -307,4 +324,7 @@ def predict(w: Workload, c: Cluster, scalars: int = 1) -> StepTime:
     if c.world > 1:
         alpha = c.intra.alpha_s * math.ceil(math.log2(c.ranks_per_host))
         exposed += scalars * 2 * (alpha + c.inter.alpha_s * math.ceil(math.log2(c.hosts)))
+        # one operation a call; a qgZ bucket is one in one hop or two (on the two hosts
+        # both cost the same: docs/step_model.md)
+        exposed += w.call_s * (sum(f.calls for f in flights) + scalars)
     return StepTime(compute_seconds(w, c.world), hidden, exposed, flights)
