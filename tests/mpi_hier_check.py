@@ -7,6 +7,8 @@ oracle's order), issued and blocking alike; fast mode within rounding; ledger by
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from mpi4py import MPI
 from mpi_checks import run_checks
@@ -85,8 +87,91 @@ def check_placement(name: str, host_of) -> list[str]:
     if not np.allclose(quick, expected, rtol=1e-5, atol=1e-3):
         fails.append(f"{name}: rank {rank} fast reduce_scatter off")
     for c in (comm, fast):
-        c.host.Free()
-        c.cross.Free()
+        c.free()
+    return fails
+
+
+def check_second_hops_in_any_order() -> list[str]:
+    """A gather in flight, then a sum issued, with the gather's second hop issued
+    before the sum on some ranks and after it on others (a poke finds its first hop in
+    on one rank of a host, not on the other): the second hops go out when each rank's
+    bytes happen to arrive, so they must not share a communicator with the calls the
+    program issues in between, or MPI pairs one rank's gather with another's sum. Fake
+    hosts of 2 in blocks; the ranks at local index 1 of the later hosts start late."""
+    fails: list[str] = []
+    comm = HierarchicalComm(WORLD, OrderedReduction(), host_of=lambda r: r // 2)
+    rank, world, n = comm.rank, comm.size, 5
+    local = rank % 2
+    mine = np.arange(n, dtype=np.float32) + 100 * rank
+    want = np.concatenate([np.arange(n, dtype=np.float32) + 100 * r for r in range(world)])
+    sends = rows_of(n, 2)
+    expected = two_level_sum(
+        sends.reshape(world, world, n)[:, rank], comm.world_of, np.empty(n, np.float32)
+    )
+    if local == 1 and rank >= 2:
+        time.sleep(0.3)  # the gather's first hop at local index 1 is late
+    out = np.zeros(world * n, np.float32)
+    gather = comm.iallgather(mine, out)
+    if local == 0:  # poke until the first hop is in: the second goes out now
+        deadline = time.monotonic() + 5.0
+        while not gather.second_issued and time.monotonic() < deadline:
+            comm.advance()
+            time.sleep(0.001)
+    else:
+        comm.advance()  # rank 1: not in yet (ranks 3 and 5 are asleep)
+    issued_second_first = gather.second_issued
+    got = np.empty(n, np.float32)
+    total = comm.ireduce_scatter_sum(sends[rank].copy(), got)
+    gather.wait()
+    total.wait()
+    if not np.array_equal(out, want):
+        fails.append(f"rank {rank}: a gather whose second hop went out early is wrong")
+    if not np.array_equal(got.view(np.uint32), expected.view(np.uint32)):
+        fails.append(f"rank {rank}: the sum issued beside it is wrong")
+    orders = WORLD.allgather(issued_second_first)
+    if orders[0] is not True or orders[1] is not False:  # the case this check is for
+        fails.append(f"rank {rank}: the ranks did not issue in different orders: {orders}")
+    comm.free()
+    return fails
+
+
+def check_waits_newest_first() -> list[str]:
+    """Two gathers in flight, the second hop of the first out early on some ranks, and
+    the newer one waited for first: its wait must issue the older one's second hop
+    before its own, or ranks issue the two second hops in different orders."""
+    fails: list[str] = []
+    comm = HierarchicalComm(WORLD, OrderedReduction(), host_of=lambda r: r // 2)
+    rank, world, n = comm.rank, comm.size, 3
+    local = rank % 2
+    outs, flights, wants = [], [], []
+    for k in range(2):
+        mine = np.arange(n, dtype=np.float32) + 100 * rank + 10 * k
+        wants.append(
+            np.concatenate(
+                [np.arange(n, dtype=np.float32) + 100 * r + 10 * k for r in range(world)]
+            )
+        )
+        if k == 0 and local == 1 and rank >= 2:
+            time.sleep(0.3)
+        outs.append(np.zeros(world * n, np.float32))
+        flights.append(comm.iallgather(mine, outs[-1]))
+        if k == 0:
+            deadline = time.monotonic() + 5.0
+            while local == 0 and not flights[0].second_issued and time.monotonic() < deadline:
+                comm.advance()
+                time.sleep(0.001)
+            if local == 1:
+                comm.advance()
+    early = flights[0].second_issued
+    flights[1].wait()
+    flights[0].wait()
+    for k in range(2):
+        if not np.array_equal(outs[k], wants[k]):
+            fails.append(f"rank {rank}: gather {k}, waited newest first, is wrong")
+    orders = WORLD.allgather(early)
+    if orders[0] is not True or orders[1] is not False:
+        fails.append(f"rank {rank}: the ranks did not issue in different orders: {orders}")
+    comm.free()
     return fails
 
 
@@ -94,6 +179,8 @@ def checks() -> list[str]:
     fails: list[str] = []
     for name, host_of in PLACEMENTS.items():
         fails += check_placement(name, host_of)
+    fails += check_second_hops_in_any_order()
+    fails += check_waits_newest_first()
     return fails
 
 

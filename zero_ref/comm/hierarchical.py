@@ -57,7 +57,19 @@ class HierarchicalComm(Comm):
         h, l = (int(x[0]) for x in np.nonzero(self.world_of == self.rank))
         self.host = mpi_comm.Split(h, self.rank)  # this host's ranks, world order
         self.cross = mpi_comm.Split(l, h)  # local index l on every host, host order
+        # An issued call's second level goes out when its first is in, which is sooner
+        # on one rank than another; MPI pairs a communicator's collectives by the order
+        # each rank issues them, so the second levels get communicators of their own,
+        # apart from every call the program issues in its own order (the blocking
+        # levels above, the issued first levels): (first level, second level).
+        self.gather_levels = (self.cross.Dup(), self.host.Dup())
+        self.sum_levels = (self.host.Dup(), self.cross.Dup())
         self.path += ", two-level (node-aware) gathers and sums"
+
+    def free(self) -> None:
+        """Free the level communicators (a collective; the world's Comm stays)."""
+        for level in (self.host, self.cross, *self.gather_levels, *self.sum_levels):
+            level.Free()
 
     def _levels(self, n: int, itemsize: int) -> tuple[int, int]:
         return two_level_bytes(n * itemsize, self.world_of)
@@ -105,11 +117,12 @@ class HierarchicalComm(Comm):
         mine, got, reorder = self._gather_levels(send, recv)
         within, across = self._levels(send.size, send.dtype.itemsize)
         self.ledger.record_issued(kind + CROSS_HOP, across, across)
-        request = self.cross.Iallgather(words_of(send), words_of(mine))
+        cross, host = self.gather_levels
+        request = cross.Iallgather(words_of(send), words_of(mine))
 
         def second() -> MPI.Request:
             self.ledger.record_issued(kind + LOCAL_HOP, within, within)
-            return self.host.Iallgather(words_of(mine), words_of(got))
+            return host.Iallgather(words_of(mine), words_of(got))
 
         args = {"sent_bytes": within + across, "lane": lane}
         return ChainedFlight(self, kind + CROSS_HOP, request, second, reorder, (mine, got), args)
@@ -159,16 +172,15 @@ class HierarchicalComm(Comm):
         within, across = self._levels(recv.size, 4)
         red, arrays = self.reduction, self.arrays
         self.ledger.record_issued("reduce_scatter" + LOCAL_HOP, within, within)
-        request, summed, keep1 = red.ireduce_scatter(self.host, staged, partial, arrays)
+        host, cross = self.sum_levels
+        request, summed, keep1 = red.ireduce_scatter(host, staged, partial, arrays)
         state: dict = {}
 
         def second() -> MPI.Request:
             if summed is not None:
                 summed()  # the host's partials, in local rank order
             self.ledger.record_issued("reduce_scatter" + CROSS_HOP, across, across)
-            req, state["summed"], state["keep"] = red.ireduce_scatter(
-                self.cross, partial, total, arrays
-            )
+            req, state["summed"], state["keep"] = red.ireduce_scatter(cross, partial, total, arrays)
             return req
 
         def finish() -> None:

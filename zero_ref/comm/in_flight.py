@@ -16,9 +16,15 @@ Comm's progress policy (zero_ref/comm/progress.py) is told of each request when
 it is issued and when it is waited for.
 
 A `ChainedFlight` is a collective made of two calls, the second computed from the
-first's bytes (qgZ's two hops, zero_ref/comm/reduction.py): the schedule's poke at a
-unit boundary (`Comm.advance`) issues the second as soon as the first is in, so it too
-moves behind compute; its wait issues the second if no poke did.
+first's bytes (qgZ's two hops, zero_ref/comm/reduction.py; the two-level gather and sum,
+zero_ref/comm/hierarchical.py): the schedule's poke at a unit boundary (`Comm.advance`)
+issues the second as soon as the first is in, so it too moves behind compute; its wait
+issues the second if no poke did. When a second call goes out depends on when bytes
+arrive, which differs between ranks, while MPI pairs the collectives of a communicator
+by the order each rank issues them. Two rules keep the pairs right: every rank issues
+second calls in the order of their flights (`Comm.advance` stops at the first whose
+first call is not in; a wait issues the older ones' first), and a second call's
+communicator carries no call the program issues in its own order.
 """
 
 from __future__ import annotations
@@ -104,12 +110,18 @@ class ChainedFlight(InFlight):
         return self.second_issued
 
     def wait(self) -> None:
-        """The first call waited for and the second issued, if no poke did; then the
-        second waited for and the result completed (the time blocked: both)."""
+        """The first call waited for and the second issued, if no poke did (first the
+        second calls of the chained flights issued before this one, so that every rank
+        issues second calls in the order of their flights); then the second waited for
+        and the result completed (the time blocked: both)."""
         if not self.second_issued:
             t0 = time.perf_counter()
-            self.request.Wait()
-            self._issue_second()
+            for flight in list(self.comm.in_flight):  # oldest first, up to this one
+                if isinstance(flight, ChainedFlight) and not flight.second_issued:
+                    flight.request.Wait()
+                    flight._issue_second()
+                if flight is self:
+                    break
             self.issue_seconds += time.perf_counter() - t0
         super().wait()
 
