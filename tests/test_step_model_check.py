@@ -84,3 +84,45 @@ def test_merged_takes_each_cases_least_repeat_and_keeps_them_all():
     assert ran["step_s"] == 0.04 and ran["step_s_repeats"] == [0.05, 0.04]
     assert ran["link_bytes_s"] == out["links"][0]["link_bytes_s"] == 2e9  # the median
     assert out["sweeps"] == 2 and sum("error" in c for c in out["cases"]) == 1
+
+
+def test_configs_of_names_every_allowed_one_on_a_bad_name():
+    assert check.configs_of(None) == list(CONFIGS)
+    assert check.configs_of("s3_hier, s0") == ["s3_hier", "s0"]
+    for bad in ("s9", "", " , "):
+        with pytest.raises(SystemExit, match="allowed are s0, s1"):
+            check.configs_of(bad)
+
+
+@pytest.mark.parametrize(
+    "flags,expected",
+    [
+        ([], "flat"),
+        (["--collectives", "hierarchical"], "hierarchical"),
+        (["--collectives", "hierarchical", "--collectives", "flat"], "flat"),  # the last wins
+        (["--overlap-comm", "--collectives", "hierarchical"], "hierarchical"),
+    ],
+)
+def test_collectives_of_reads_the_runs_flag(flags, expected):
+    assert check.collectives_of({"flags": flags}) == expected
+    case = {"flags": flags, "link_bytes_s": 1e7, "intra_bytes_s": 1e9, "alpha_s": 2e-5}
+    case["placement"] = "block"
+    assert check.cluster_of(case, {"link_factor": 1.0}).collectives == expected
+
+
+def test_every_hierarchical_config_says_so_and_pairs_a_flat_one():
+    """Each two-level configuration is a flat one's flags plus --collectives
+    hierarchical, so the check compares like with like."""
+    hier = {k: v for k, v in CONFIGS.items() if k.endswith("_hier")}
+    assert hier
+    for name, (stage, flags) in hier.items():
+        flat_stage, flat_flags = CONFIGS[name.removesuffix("_hier")]
+        assert stage == flat_stage
+        assert [f for f in flags if f not in ("--collectives", "hierarchical")] == list(flat_flags)
+
+
+def test_a_sweep_without_the_fitted_configs_says_what_to_merge():
+    theta = {"compute_s": 0.03, "link_factor": 1.0, "quantize_s_per_numel": 0.0, "call_s": 0.0}
+    cases = [c for c in synthetic(theta) if c["config"] not in check.FIT_SET]
+    with pytest.raises(SystemExit, match="--from-raw"):
+        check.fit(cases)

@@ -7,7 +7,9 @@
 The default GPT on 2 hosts x 2 ranks (scripts/bench/step_model_runs.py): on the unlimited
 veth and at 300, 100 and 30 Mbit/s (tbf, burst one frame), ranks in blocks and cyclic,
 stages 0-3 blocking, stages 1-3 overlapped, and stage 3 with ZeRO++ (qwZ + hpZ + qgZ; with
-ranks cyclic hpZ over the host's ranks and qgZ in one hop, step_model_runs.ZEROPP_CYCLIC).
+ranks cyclic hpZ over the host's ranks and qgZ in one hop, step_model_runs.ZEROPP_CYCLIC),
+all with flat collectives; and stage 1, stage 3 and stage 3 overlapped with the two-level
+ones (`--collectives hierarchical`, the *_hier configurations).
 The model's constants are fitted by least squares (of relative errors, every constant
 >= 0) on the blocking runs in blocks of stage 0, stage 3 and stage 3 with ZeRO++ (FIT_SET,
 at every rate), where the model is linear in them. Measured, not fitted: alpha, half the
@@ -28,8 +30,8 @@ them). Fitted:
                 it run under (0-1, a grid), fitted apart on the overlapped runs in blocks
                 (OVERLAP_FIT) with the constants above held
 
-Every other case (stages 1-2 blocking in blocks, every run with ranks cyclic) is predicted,
-not fitted. Prints the table and one JSON line last.
+Every other case (stages 1-2 blocking in blocks, every run with ranks cyclic, every run
+with the two-level collectives) is predicted, not fitted. Prints the table and one JSON line last.
 """
 
 from __future__ import annotations
@@ -60,7 +62,14 @@ OVERLAP_FIT = ("s1_overlap", "s2_overlap", "s3_overlap", "s3_zeropp_overlap")  #
 CONSTANTS = ("compute_s", "link_factor", "quantize_s_per_numel", "call_s")
 GOAL = 0.15
 HOSTS, PER_HOST = 2, 2
-REDUCE_KINDS = ("reduce_scatter", "allreduce", "reduce_scatter_int8_local", "reduce_scatter_int8")
+# the kinds that book one call a gradient bucket: flat, two-level (its host hop), qgZ's
+REDUCE_KINDS = (
+    "reduce_scatter",
+    "reduce_scatter_local",
+    "allreduce",
+    "reduce_scatter_int8_local",
+    "reduce_scatter_int8",
+)
 
 
 @functools.cache
@@ -129,8 +138,15 @@ def cluster_of(case: dict, theta: dict) -> Cluster:
         Link(case["alpha_s"], intra_rate),
         Link(case["alpha_s"], inter_rate),
         case["placement"],
-        "flat",
+        collectives_of(case),
     )
+
+
+def collectives_of(case: dict) -> str:
+    """The run's --collectives (the last given wins, as argparse takes it)."""
+    flags = case["flags"]
+    at = [i for i, f in enumerate(flags) if f == "--collectives"]
+    return flags[at[-1] + 1] if at else "flat"
 
 
 def scalars_of(case: dict) -> int:
@@ -188,6 +204,11 @@ def nonnegative_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 def fit(cases: list[dict]) -> dict:
     chosen = [c for c in cases if c["config"] in FIT_SET and c["placement"] == "block"]
+    if not chosen:
+        raise SystemExit(
+            f"no run of {', '.join(FIT_SET)} with ranks in blocks to fit on: merge this "
+            "sweep with one that has them (--from-raw A.json B.json)"
+        )
     a = np.array([features(c) for c in chosen])
     y = np.array([c["step_s"] - latency_s(c) for c in chosen])
     # relative errors (rows over the measured step), the check's own measure: a slow
@@ -281,6 +302,22 @@ def merged(sweeps: list[dict]) -> dict:
     return {"links": links, "cases": cases, "sweeps": len(sweeps)}
 
 
+def configs_of(text: str | None) -> list[str]:
+    """--configs as a list, each checked against step_model_runs.CONFIGS."""
+    from step_model_runs import CONFIGS
+
+    if text is None:
+        return list(CONFIGS)
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [x for x in names if x not in CONFIGS]
+    if unknown or not names:
+        raise SystemExit(
+            f"--configs {text!r}: unknown {', '.join(unknown) or '(none given)'}; "
+            f"allowed are {', '.join(CONFIGS)}"
+        )
+    return names
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument(
@@ -293,20 +330,24 @@ def main() -> None:
     p.add_argument("--prefix", default="zrm", help="namespace names")
     p.add_argument("--subnet", default="10.81.0", help="the link's subnet a.b.c")
     p.add_argument("--raw-out", help="also write the measured sweep (for --from-raw) here")
+    p.add_argument(
+        "--configs", help="the configurations to run, comma-separated (default: all of them)"
+    )
     add_record_flag(p, "step_model_check")
     a = p.parse_args()
     if a.from_raw:
         raw = merged([json.loads(Path(f).read_text()) for f in a.from_raw])
     else:
         from bench_overlap import stop
-        from step_model_runs import CONFIGS, measure
+        from step_model_runs import measure
 
         signal.signal(signal.SIGTERM, stop)
         rates = [None, *(float(x) for x in a.rates.split(","))]
         progress = Path(f"/tmp/{a.prefix}_step_model_progress.jsonl")
         links, cases = measure(
-            a.prefix, a.subnet, rates, ["block", "cyclic"], list(CONFIGS), a.steps, 1600, progress
-        )
+            a.prefix, a.subnet, rates, ["block", "cyclic"], configs_of(a.configs), a.steps,
+            1600, progress,
+        )  # fmt: skip
         if a.raw_out:
             Path(a.raw_out).write_text(json.dumps({"links": links, "cases": cases}))
         raw = merged([{"links": links, "cases": cases}])

@@ -38,7 +38,13 @@ CONFIGS: dict[str, tuple[int, tuple[str, ...]]] = {
     "s3_overlap": (3, ("--overlap-comm",)),
     "s3_zeropp": (3, ZEROPP),
     "s3_zeropp_overlap": (3, (*ZEROPP, "--overlap-comm")),
-}
+    # the two-level collectives (zero_ref/comm/hierarchical.py, `auto`'s choice across
+    # hosts): every other configuration runs flat, as the check was first recorded
+    "s1_hier": (1, ("--collectives", "hierarchical")),
+    "s3_hier": (3, ("--collectives", "hierarchical")),
+    "s3_overlap_hier": (3, ("--overlap-comm", "--collectives", "hierarchical")),
+}  # ZeRO++'s group collectives stay flat: ZeroConfig refuses them with "hierarchical"
+FLAT = ("--collectives", "flat")  # a configuration that names no collectives runs flat
 
 
 def one_case(
@@ -47,15 +53,18 @@ def one_case(
     placement: str,
     steps: int,
     log: Path,
-    more: tuple = ("--collectives", "flat"),
+    more: tuple = (),
 ) -> dict:
-    """One configuration's run on the current link (`more`: flags added to the
-    configuration's; flat collectives unless told, as the recorded check was measured
-    before the two-level ones existed): the run's summary and its ledger."""
+    """One configuration's run on the current link (`more`: flags added after the
+    configuration's, so theirs win; flat collectives unless the configuration or `more`
+    names others, as the check was first recorded before the two-level ones existed):
+    the run's summary and its ledger."""
     stage, extra = CONFIGS[config]
     if placement == "cyclic" and extra[: len(ZEROPP)] == ZEROPP:
         extra = (*ZEROPP_CYCLIC, *extra[len(ZEROPP) :])
     extra = (*extra, *more)
+    if "--collectives" not in extra:
+        extra = (*extra, *FLAT)
     flags = ["--stage", str(stage), "--steps", str(steps), "--sample-chars", "0", "--quiet"]
     summary = run_train(pair, [*flags, *extra], log, 300.0, placement)
     final = [json.loads(x) for x in log.read_text().splitlines() if x.strip()][-1]
@@ -100,6 +109,8 @@ def measure(
                     try:
                         case = one_case(pair, config, placement, steps, log)
                     except SystemExit as exc:  # one failed run is recorded, not fatal
+                        if not isinstance(exc.code, str):  # a signal (bench_overlap.stop)
+                            raise
                         case = {"config": config, "placement": placement, "error": str(exc)[-500:]}
                     case |= {"rate_mbit": rate, "link_bytes_s": link["link_bytes_s"]}
                     cases.append(case)
