@@ -21,10 +21,12 @@ zero_ref/comm/hierarchical.py): the schedule's poke at a unit boundary (`Comm.ad
 issues the second as soon as the first is in, so it too moves behind compute; its wait
 issues the second if no poke did. When a second call goes out depends on when bytes
 arrive, which differs between ranks, while MPI pairs the collectives of a communicator
-by the order each rank issues them. Two rules keep the pairs right: every rank issues
-second calls in the order of their flights (`Comm.advance` stops at the first whose
-first call is not in; a wait issues the older ones' first), and a second call's
-communicator carries no call the program issues in its own order.
+by the order each rank issues them (MPI-3.1, Sec. 5.12: every process calls a
+communicator's collectives, blocking and nonblocking, in the same order). Two rules
+keep the pairs right: every rank issues second calls in the order of their flights
+(`Comm.advance` stops at the first whose first call is not in; a wait issues the older
+ones' first), and a second call's communicator carries no call the program issues in
+its own order.
 """
 
 from __future__ import annotations
