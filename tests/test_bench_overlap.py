@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts" / "bench"))
+from scripts.bench.netns_pair import unavailable
 
-from netns_pair import unavailable  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
+
 
 PREFIX = "zrnt"  # apart from the bench's own zrn, so a bench run and this test never meet
 RATE_MBIT = 20.0
@@ -116,7 +116,7 @@ def made_up_row(part, stage, rate, blocking_s, overlapped_s, link_bytes=1e6):
 
 
 def test_the_targets():
-    import overlap_report
+    from scripts.bench import overlap_report
 
     rows = [
         made_up_row("reference", 0, None, 0.020, None),

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts" / "bench"))
+from scripts.bench import zeropp_report as zr
 
-import zeropp_report as zr  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
+
 
 HELP = (
     "--stage --precision --quantized-weights --quantized-gradients --hpz-partition-size "
@@ -155,8 +155,7 @@ def test_the_loss_targets_and_table():
 @pytest.fixture
 def plot(monkeypatch):
     monkeypatch.syspath_prepend(str(REPO / "scripts" / "docs"))
-    import plot_run
-    import plot_zeropp
+    from scripts.docs import plot_run, plot_zeropp
 
     return plot_run, plot_zeropp
 
@@ -216,7 +215,7 @@ def test_the_docs_figures_are_drawn_from_recorded_results(plot, result, png, dra
 def test_the_ledger_and_seconds_are_read_from_the_final_record(tmp_path):
     import json
 
-    import bench_zeropp
+    from scripts.bench import bench_zeropp
 
     ranks = [
         {"comm_last_step": {"allgather": {"sent_bytes": 300, "seconds": s},
@@ -236,7 +235,7 @@ def test_the_ledger_and_seconds_are_read_from_the_final_record(tmp_path):
 def test_the_loss_part_runs_seed_by_seed_and_skips_what_train_does_not_know(monkeypatch):
     import argparse
 
-    import bench_zeropp
+    from scripts.bench import bench_zeropp
 
     calls = []
 

@@ -35,8 +35,7 @@ def offloaded_run(tmp_path_factory, tiny_corpus):
 def scripts(monkeypatch):
     monkeypatch.syspath_prepend(str(REPO / "scripts" / "bench"))  # bench_offload's lanes
     monkeypatch.syspath_prepend(str(REPO / "scripts" / "docs"))
-    import plot_run
-    import plot_trace
+    from scripts.docs import plot_run, plot_trace
 
     return plot_run, plot_trace
 
@@ -112,7 +111,7 @@ def _two_steps(pid: int, late: float) -> list[dict]:
 def test_a_step_ends_with_its_own_loss_all_reduce_not_the_previous_one(scripts):
     """Step 2's window starts where step 1's loss all-reduce ended and holds step 2's
     own: the previous step's loss never opens it, at the first step and at the last."""
-    from trace_steps import step_events
+    from scripts.docs.trace_steps import step_events
 
     events = _two_steps(0, 0.0)
     for step, start in ((1, 0.0), (2, 80.0), (None, 80.0)):
@@ -126,7 +125,7 @@ def test_a_collective_waits_its_length_beyond_the_fastest_rank(scripts):
     3 us after rank 1: each bar's wait is its duration minus the shortest over all
     the ranks (the last to arrive waits for nobody); ranks whose calls do not pair up
     get no waits."""
-    from trace_steps import collective_waits
+    from scripts.docs.trace_steps import collective_waits
 
     ranks = [_two_steps(0, 7.0), _two_steps(1, 0.0), _two_steps(2, -3.0)]
     for world, first, second in ((2, 7.0, 0.0), (3, 10.0, 3.0)):
@@ -156,8 +155,7 @@ def test_offload_timeline_lanes_are_the_threads_that_ran_the_step(scripts, offlo
     ran the offloaded step: the main thread's AdamW updates and each thread of the
     pipeline's I/O pool, which run reads and writes alike; never more I/O lanes than
     the pool has threads, and no lane that reads only or writes only by its label."""
-    import bench_offload
-
+    from scripts.bench import bench_offload
     from zero_ref.offload.pipeline import SWAP_LANES
 
     trace, _ = offloaded_run
@@ -180,7 +178,7 @@ def test_offload_timeline_lanes_are_the_threads_that_ran_the_step(scripts, offlo
 def test_compute_spread_is_over_the_steps_after_the_warm_up(scripts):
     """Eight steps whose forward takes 10 x step us and backward 1 us: the spread
     counts steps 6-8 only, each with its own forward, as [least, median, most] ms."""
-    from trace_steps import compute_spread
+    from scripts.docs.trace_steps import compute_spread
 
     events = []
     for step in range(1, 9):

@@ -207,7 +207,7 @@ def check_run(cmd, out: str) -> None:
 def run_script(cmd, clone: Path, monkeypatch) -> None:
     """A plotting script in this process (matplotlib imported once, not per plot), from
     the clone's root, as `python scripts/docs/X.py ARGS` would run it (its folder first
-    on sys.path, as python puts it)."""
+    on sys.path, as python puts it; the script itself puts the project root before it)."""
     import runpy
     import sys
 

@@ -3,14 +3,9 @@ dependency bound (the least step time a schedule of the collectives could reach)
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts" / "bench"))
-
-from overlap_budget import dependency_bound, kind_link_seconds, step_phases  # noqa: E402
+from scripts.bench.overlap_budget import dependency_bound, kind_link_seconds, step_phases
 
 
 def event(lane: int, name: str, start_ms: float, dur_ms: float) -> dict:

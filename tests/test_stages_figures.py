@@ -19,9 +19,7 @@ SCRIPTS = REPO / "scripts" / "docs"
 def scripts(monkeypatch):
     """The plotting scripts as modules (each imports plot_run from beside it)."""
     monkeypatch.syspath_prepend(str(SCRIPTS))
-    import plot_checkpoint
-    import plot_run
-    import plot_trace
+    from scripts.docs import plot_checkpoint, plot_run, plot_trace
 
     return plot_run, plot_trace, plot_checkpoint
 

@@ -3,17 +3,16 @@ step times the model itself made, and repeated sweeps merge to each case's least
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts" / "bench"))
+from scripts.bench import step_model_check as check
+from scripts.bench.step_model_runs import CONFIGS
 
-import step_model_check as check  # noqa: E402
-from step_model_runs import CONFIGS  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+
 
 RATES = {None: 1.2e9, 300.0: 2.4e7, 100.0: 9.5e6, 30.0: 3.4e6}
 KINDS = {  # the ledger's calls per kind the check reads (buckets, scalars): stage 0, 1-3

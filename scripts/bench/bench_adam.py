@@ -28,12 +28,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
+from pathlib import Path
 
 import numba
 import numpy as np
-from bench_common import add_record_flag, emit
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
+from scripts.bench.bench_common import add_record_flag, emit
 from zero_ref.config import AdamWConfig
 from zero_ref.optim.adamw import adamw_kernel, adamw_reference, adamw_scalars
 

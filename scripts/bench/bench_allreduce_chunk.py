@@ -19,13 +19,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
-from bench_common import add_record_flag, emit, load_average
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
 from mpi4py import MPI
 
 import zero_ref  # noqa: F401  (the thread budget, before NumPy)
+from scripts.bench.bench_common import add_record_flag, emit, load_average
 from zero_ref.comm.collectives import Comm
 from zero_ref.numerics.dtypes import DTYPES
 

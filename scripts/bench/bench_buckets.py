@@ -23,11 +23,14 @@ import zero_ref  # noqa: F401  first: sets each rank's thread budget before NumP
 # isort: on
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
-from bench_common import add_record_flag, emit, load_average
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
 from mpi4py import MPI
 
+from scripts.bench.bench_common import add_record_flag, emit, load_average
 from zero_ref.app.cli import parse_args
 from zero_ref.app.data import encode_corpus, load_text
 from zero_ref.app.tasks import build_task

@@ -22,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # compare_torch_model, bench_common
-from bench_common import add_record_flag, emit, load_average  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
+from scripts.bench.bench_common import add_record_flag, emit, load_average
 
 WORLD, WARMUP = 2, 2
 MODES = ("unwatched", "check", "folder")
@@ -36,9 +36,9 @@ def folder_bytes(folder: str) -> int:
 def setup(mode: str, rank: int, micro: int, folder: str):
     """One way of running: a closure that takes one optimizer step, and the watcher."""
     import torch
-    from compare_torch_model import B, T, TorchGPT, V
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from scripts.bench.compare_torch_model import B, T, TorchGPT, V
     from zero_ref.check.torch_watch import watch
 
     torch.manual_seed(0)

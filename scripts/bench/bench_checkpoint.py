@@ -36,8 +36,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_common import add_record_flag, emit, load_average
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
+from scripts.bench.bench_common import add_record_flag, emit, load_average
 from zero_ref.app.cli import parse_args
 from zero_ref.app.estimate import model_for
 from zero_ref.checkpoint.manifest import STATE_KINDS, read_manifest, resolve_tag

@@ -20,8 +20,13 @@ import zero_ref  # noqa: F401  first: sets each rank's thread budget before NumP
 
 # isort: on
 import argparse
+import sys
+from pathlib import Path
 
-from bench_common import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
+from mpi4py import MPI
+
+from scripts.bench.bench_common import (
     add_record_flag,
     emit,
     gather_medians,
@@ -31,8 +36,6 @@ from bench_common import (
     replay_model,
     step_inputs,
 )
-from mpi4py import MPI
-
 from zero_ref.comm.choose import comm_for
 from zero_ref.config import ZeroConfig
 from zero_ref.engine.ladder import make_engine

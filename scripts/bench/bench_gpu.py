@@ -47,9 +47,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_common import emit
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
 from numba import cuda
 
+from scripts.bench.bench_common import emit
 from zero_ref.comm.collectives import Comm
 from zero_ref.comm.staging import HostStaging
 from zero_ref.config import AdamWConfig

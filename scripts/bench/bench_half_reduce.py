@@ -41,13 +41,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import ml_dtypes
 import mpi4py
 import numpy as np
-from bench_common import add_record_flag, emit, load_average
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
 from mpi4py import MPI
+
+from scripts.bench.bench_common import add_record_flag, emit, load_average
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 FP16 = np.dtype(np.float16)

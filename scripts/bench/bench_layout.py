@@ -30,11 +30,15 @@ import zero_ref  # noqa: F401  first: sets each rank's thread budget before NumP
 # isort: on
 import argparse
 import os
+import sys
+from pathlib import Path
 
 import numpy as np
-from bench_common import add_record_flag, emit, gather_medians, load_average
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
 from mpi4py import MPI
 
+from scripts.bench.bench_common import add_record_flag, emit, gather_medians, load_average
 from zero_ref.layout.flat import padded_numel
 
 CALLS = (

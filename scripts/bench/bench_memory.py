@@ -27,8 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_common import add_record_flag, emit
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
+from scripts.bench.bench_common import add_record_flag, emit
 from zero_ref.app.cli import parse_args
 from zero_ref.app.estimate import estimate_for, model_for
 from zero_ref.engine.memory import formula_bytes, paper_formula_bytes

@@ -52,10 +52,12 @@ import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-from bench_common import add_record_flag, emit  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
+from scripts.bench.bench_common import add_record_flag, emit  # noqa: E402
 from zero_ref.app.cli_flags import DEFAULTS, MODEL_DEFAULTS  # noqa: E402
 from zero_ref.app.data import default_text, encode_corpus, sequence_batches  # noqa: E402
 from zero_ref.models.gpt import GPT, GPTConfig, param_numel  # noqa: E402

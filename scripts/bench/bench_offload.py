@@ -27,14 +27,17 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from bench_common import add_record_flag, emit, load_average, replay_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
 from mpi4py import MPI
 
+from scripts.bench.bench_common import add_record_flag, emit, load_average, replay_model
 from zero_ref.comm.choose import comm_for
 from zero_ref.config import MixedPrecisionConfig, OffloadConfig, ZeroConfig
 from zero_ref.engine.init_source import RandomInit

@@ -30,10 +30,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_common import add_record_flag, emit
-from bench_memory import run_one
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
 import zero_ref
+from scripts.bench.bench_common import add_record_flag, emit
+from scripts.bench.bench_memory import run_one
 
 TARGET = 0.1  # bytes per added parameter per rank
 

@@ -43,9 +43,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench_common import add_record_flag, emit, load_average
-from netns_pair import PLACEMENTS, NetnsError, NetnsPair
-from overlap_report import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
+from scripts.bench.bench_common import add_record_flag, emit, load_average
+from scripts.bench.netns_pair import PLACEMENTS, NetnsError, NetnsPair
+from scripts.bench.overlap_report import (
     REFERENCE_MBIT,
     busier,
     derive,
@@ -54,7 +55,14 @@ from overlap_report import (
     rate_text,
     targets,
 )
-from overlap_runs import PER_HOST, SKIP_FIRST, link_probe, link_rate, rank_env, run_train
+from scripts.bench.overlap_runs import (
+    PER_HOST,
+    SKIP_FIRST,
+    link_probe,
+    link_rate,
+    rank_env,
+    run_train,
+)
 
 DEFAULT_GPT_NUMEL = 117376  # the default GPT's padded parameters: the probe's buffer
 # The flags that turn overlap on, per stage: the one place to adjust them. Stage 3's

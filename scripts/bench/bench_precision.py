@@ -39,8 +39,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_common import add_record_flag, emit, load_average
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
+from scripts.bench.bench_common import add_record_flag, emit, load_average
 from zero_ref.app.data import encode_corpus, load_text, unigram_entropy
 from zero_ref.engine.memory import paper_formula_bytes
 from zero_ref.io.metrics_log import read_jsonl

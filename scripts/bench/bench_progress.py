@@ -49,7 +49,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_common import REPO, add_record_flag, emit, load_average, median
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
+from scripts.bench.bench_common import REPO, add_record_flag, emit, load_average, median
 
 SLICE_N = 256  # one slice: a 256 x 256 float32 matmul (34 MFLOP)
 SLICES_PER_UNIT = 8  # a unit boundary (a poke) every 8 slices; test-layer pokes every slice

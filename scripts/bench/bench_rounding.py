@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
-from bench_common import add_record_flag, emit, load_average
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
 import zero_ref  # noqa: F401  (the thread budget, before NumPy)
+from scripts.bench.bench_common import add_record_flag, emit, load_average
 from zero_ref.numerics import rounding as R
 from zero_ref.numerics.dtypes import HOST
 

@@ -19,7 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_common import add_record_flag, emit, load_average
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
+from scripts.bench.bench_common import add_record_flag, emit, load_average
 
 
 def run_stage(stage: int, a: argparse.Namespace, log: Path) -> list[dict]:

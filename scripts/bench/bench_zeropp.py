@@ -39,11 +39,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench_common import add_record_flag, emit, load_average
-from bench_overlap import medians, parse_list, stop, train_help
-from netns_pair import NetnsError, NetnsPair
-from overlap_runs import SKIP_FIRST, link_rate, rank_env, read_log, run_train
-from zeropp_report import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
+from scripts.bench.bench_common import add_record_flag, emit, load_average
+from scripts.bench.bench_overlap import medians, parse_list, stop, train_help
+from scripts.bench.netns_pair import NetnsError, NetnsPair
+from scripts.bench.overlap_runs import SKIP_FIRST, link_rate, rank_env, read_log, run_train
+from scripts.bench.zeropp_report import (
     HOSTS,
     PER_HOST,
     RATES_MBIT,

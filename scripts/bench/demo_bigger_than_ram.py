@@ -36,8 +36,8 @@ import threading
 import time
 from pathlib import Path
 
-from bench_common import add_record_flag, emit, load_average
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
+from scripts.bench.bench_common import add_record_flag, emit, load_average
 from zero_ref.app.data import encode_corpus, load_text
 from zero_ref.models.gpt import GPTConfig, param_numel
 

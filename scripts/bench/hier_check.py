@@ -30,10 +30,11 @@ import sys
 import time
 from pathlib import Path
 
-from bench_common import add_record_flag, emit, load_average
-from netns_pair import NetnsPair, unavailable
-from overlap_runs import REPO, rank_env
-from step_model_runs import one_case
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
+from scripts.bench.bench_common import add_record_flag, emit, load_average
+from scripts.bench.netns_pair import NetnsPair, unavailable
+from scripts.bench.overlap_runs import REPO, rank_env
+from scripts.bench.step_model_runs import one_case
 
 RATE_MBIT = 100.0
 BURST = 1600

@@ -28,8 +28,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_common import add_record_flag, emit
-from bench_memory import per_param, run_one, train_flags
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
+from scripts.bench.bench_common import add_record_flag, emit
+from scripts.bench.bench_memory import per_param, run_one, train_flags
 
 UNTRACKED_TOLERANCE = 0.25  # bytes per parameter
 ESTIMATE_TOLERANCE = 0.15

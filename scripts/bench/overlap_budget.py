@@ -46,14 +46,16 @@ import json
 import os
 import signal
 import statistics
+import sys
 from collections import defaultdict
 from pathlib import Path
 
-from bench_common import add_record_flag, emit, load_average
-from bench_overlap import parse_list, stop
-from netns_pair import NetnsError, NetnsPair
-from overlap_report import OVERLAP_TARGET
-from overlap_runs import SKIP_FIRST, link_rate, read_log, run_train
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
+from scripts.bench.bench_common import add_record_flag, emit, load_average
+from scripts.bench.bench_overlap import parse_list, stop
+from scripts.bench.netns_pair import NetnsError, NetnsPair
+from scripts.bench.overlap_report import OVERLAP_TARGET
+from scripts.bench.overlap_runs import SKIP_FIRST, link_rate, read_log, run_train
 
 COMPUTE, COLLECTIVES, OPTIMIZER = 0, 1, 3  # zero_ref/io/trace.py's lane numbers
 NOT_IN_STEP = ("sample",)  # lane-1 events outside training steps

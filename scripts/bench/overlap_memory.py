@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from bench_common import add_record_flag, emit, load_average
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
+from scripts.bench.bench_common import add_record_flag, emit, load_average
 from zero_ref.app.cli import parse_args
 from zero_ref.app.rank_estimate import estimate_for, model_for
 from zero_ref.layout.flat import model_layout

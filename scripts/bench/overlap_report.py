@@ -6,7 +6,7 @@ Pure functions of the rows the bench recorded: no MPI, no namespaces.
 
 from __future__ import annotations
 
-from netns_pair import PLACEMENTS
+from scripts.bench.netns_pair import PLACEMENTS
 
 REFERENCE_MBIT = 100.0  # the reference link: stage 3 vs stage 0 there
 OVERLAP_TARGET = 1.15  # overlapped <= this x max(compute, comm) ...

@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from netns_pair import NetnsPair
+from scripts.bench.netns_pair import NetnsPair
 
 SCRIPTS = Path(__file__).resolve().parent
 REPO = SCRIPTS.parents[1]

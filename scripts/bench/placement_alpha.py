@@ -10,10 +10,13 @@ Prints each probe, then one JSON line: each placement's tiny all-gather times, i
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
-from bench_common import emit
-from netns_pair import NetnsPair
-from overlap_runs import link_probe, rank_env
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
+from scripts.bench.bench_common import emit
+from scripts.bench.netns_pair import NetnsPair
+from scripts.bench.overlap_runs import link_probe, rank_env
 
 
 def main() -> None:

@@ -18,8 +18,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from netns_pair import NetnsPair, unavailable
-from overlap_runs import rank_env
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
+from scripts.bench.netns_pair import NetnsPair, unavailable
+from scripts.bench.overlap_runs import rank_env
 
 FLAGS = (
     "--model", "mlp", "--steps", "3", "--stage", "3", "--quantized-gradients",

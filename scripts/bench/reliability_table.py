@@ -22,11 +22,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_common import REPO, add_record_flag, emit, load_average
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
+from scripts.bench.bench_common import REPO, add_record_flag, emit, load_average
 
 # the table's one renderer (scripts/docs/doc_tables_render.py), from any working directory
-sys.path.insert(0, str(REPO / "scripts" / "docs"))
-from doc_tables_render import reliability_table  # noqa: E402
+from scripts.docs.doc_tables_render import reliability_table
 
 
 def run_failure_tests(rows_path: Path) -> int:

@@ -44,11 +44,13 @@ import json
 import math
 import signal
 import statistics
+import sys
 from pathlib import Path
 
 import numpy as np
-from bench_common import add_record_flag, emit, load_average
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
+from scripts.bench.bench_common import add_record_flag, emit, load_average
 from zero_ref.app.cli import parse_args as train_args
 from zero_ref.app.rank_estimate import model_for
 from zero_ref.app.run_finish import _qgz_blocks
@@ -304,7 +306,7 @@ def merged(sweeps: list[dict]) -> dict:
 
 def configs_of(text: str | None) -> list[str]:
     """--configs as a list, each checked against step_model_runs.CONFIGS."""
-    from step_model_runs import CONFIGS
+    from scripts.bench.step_model_runs import CONFIGS
 
     if text is None:
         return list(CONFIGS)
@@ -338,8 +340,8 @@ def main() -> None:
     if a.from_raw:
         raw = merged([json.loads(Path(f).read_text()) for f in a.from_raw])
     else:
-        from bench_overlap import stop
-        from step_model_runs import measure
+        from scripts.bench.bench_overlap import stop
+        from scripts.bench.step_model_runs import measure
 
         signal.signal(signal.SIGTERM, stop)
         rates = [None, *(float(x) for x in a.rates.split(","))]

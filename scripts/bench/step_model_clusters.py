@@ -12,9 +12,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
+import sys
+from pathlib import Path
 
-from bench_common import add_record_flag, emit
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
+from scripts.bench.bench_common import add_record_flag, emit
 from zero_ref.formulas.step_model import (
     Cluster,
     Link,

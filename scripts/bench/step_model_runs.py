@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from netns_pair import NetnsPair
-from overlap_runs import PER_HOST, link_probe, link_rate, rank_env, run_train
+from scripts.bench.netns_pair import NetnsPair
+from scripts.bench.overlap_runs import PER_HOST, link_probe, link_rate, rank_env, run_train
 
 # name -> (stage, flags): the configurations a check runs, ZeRO++ as its paper's three
 # parts together (qwZ int8 forward gathers, hpZ's host-wide secondary copy, qgZ's int8

@@ -23,7 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_common import REPO, add_record_flag, emit, load_average
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
+from scripts.bench.bench_common import REPO, add_record_flag, emit, load_average
 
 COMMAND = ["mpirun", "-n", "4", sys.executable, "-m", "zero_ref.train"]
 STEP_LINE = re.compile(r"step\s+(\d+)\s+loss\s+([\d.]+).*?([\d.]+) ms/step")

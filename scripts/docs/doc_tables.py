@@ -30,15 +30,17 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when loaded by path (tests)
-import doc_tables_check  # noqa: E402
-import doc_tables_memory  # noqa: E402
-import doc_tables_overlap  # noqa: E402
-import doc_tables_progress  # noqa: E402
-import doc_tables_render as render  # noqa: E402
-import doc_tables_sentences  # noqa: E402
-import doc_tables_step_model  # noqa: E402
-import doc_tables_zeropp  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
+from scripts.docs import (
+    doc_tables_check,
+    doc_tables_memory,
+    doc_tables_overlap,
+    doc_tables_progress,
+    doc_tables_sentences,
+    doc_tables_step_model,
+    doc_tables_zeropp,
+)
+from scripts.docs import doc_tables_render as render
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "results"

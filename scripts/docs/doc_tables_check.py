@@ -3,7 +3,7 @@ with zero_ref.check costs (scripts/bench/bench_check_torch.py's record)."""
 
 from __future__ import annotations
 
-from doc_tables_render import Result, measured_by, table
+from scripts.docs.doc_tables_render import Result, measured_by, table
 
 
 def check_cost(res: Result) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from doc_tables_render import MB, MIB, Result, measured_by, span, table
+from scripts.docs.doc_tables_render import MB, MIB, Result, measured_by, span, table
 
 # ---- memory: README.md, docs/memory.md
 

@@ -5,14 +5,8 @@ in doc_tables_render.py."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-from doc_tables_render import Result, measured_by, span, table
-
-# the benchmark's own table (scripts/bench/overlap_report.py), from any working directory
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from overlap_report import markdown  # noqa: E402
+from scripts.bench.overlap_report import markdown
+from scripts.docs.doc_tables_render import Result, measured_by, span, table
 
 DEEP = "overlap, prefetch 4 widest units"
 

@@ -5,7 +5,7 @@ doc_tables_render.py.
 
 from __future__ import annotations
 
-from doc_tables_render import MIB, Result, measured_by, table
+from scripts.docs.doc_tables_render import MIB, Result, measured_by, table
 
 MODE_ORDER = ("none", "test", "test-layer", "thread", "thread-sleep", "thread-1ms", "mpich")
 

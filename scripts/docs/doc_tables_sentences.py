@@ -6,7 +6,7 @@ each a few words rendered from its record."""
 
 from __future__ import annotations
 
-from doc_tables_render import MIB, Result, duration, span
+from scripts.docs.doc_tables_render import MIB, Result, duration, span
 
 
 def _timed(res: Result) -> str:

@@ -5,7 +5,7 @@ clusters (scripts/bench/step_model_clusters.py); shared formatting in doc_tables
 
 from __future__ import annotations
 
-from doc_tables_render import Result, measured_by, table
+from scripts.docs.doc_tables_render import Result, measured_by, table
 
 
 def _rate(mbit: float | None) -> str:

@@ -5,14 +5,7 @@ two-host measurements of scripts/bench/bench_zeropp.py (its tables are zeropp_re
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-from doc_tables_render import Result, measured_by, table
-
-# the benchmark's own tables (scripts/bench/zeropp_report.py), from any working directory
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from zeropp_report import (  # noqa: E402
+from scripts.bench.zeropp_report import (
     PLAIN,
     both_ways,
     bytes_table,
@@ -20,6 +13,7 @@ from zeropp_report import (  # noqa: E402
     loss_table,
     times_table,
 )
+from scripts.docs.doc_tables_render import Result, measured_by, table
 
 # docs/zeropp.md's "which to choose": each option's model states per rank (K = 12, 16-bit
 # parameters and gradients, N = 4, G = 2: the two-host run's) beside its measured link bytes

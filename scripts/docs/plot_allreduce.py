@@ -18,8 +18,12 @@ import matplotlib
 import numpy as np
 
 matplotlib.use("Agg")
+import sys
+
 import matplotlib.pyplot as plt  # noqa: E402
-from plot_run import save  # noqa: E402  (beside this script: the same axes check)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
+from scripts.docs.plot_run import save  # beside this script: the same axes check
 
 W = 4
 

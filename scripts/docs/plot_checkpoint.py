@@ -27,8 +27,12 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
+import sys
+
 import matplotlib.pyplot as plt  # noqa: E402
-from plot_run import save  # noqa: E402  (beside this script: the same axes check)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
+from scripts.docs.plot_run import save  # beside this script: the same axes check
 
 RANK_COLORS = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"]
 KINDS = {"param": "param", "exp_avg": "m", "exp_avg_sq": "v"}

@@ -45,9 +45,13 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
+import sys
+
 import matplotlib.pyplot as plt  # noqa: E402
-from plot_run import save  # noqa: E402  (beside this script: the same axes check)
-from trace_steps import (  # noqa: E402  (which events are one step, and the waits)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
+from scripts.docs.plot_run import save  # beside this script: the same axes check
+from scripts.docs.trace_steps import (  # which events are one step, and the waits
     collective_waits,
     compute_spread,
     median_spec,

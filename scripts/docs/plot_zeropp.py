@@ -25,9 +25,13 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
+import sys
+
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from plot_run import save  # noqa: E402  (the same axes check as the other figures)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
+from scripts.docs.plot_run import save  # the same axes check as the other figures
 
 SMOOTH = 25  # steps in the loss curves' running mean
 TAIL = 200  # steps in the zoomed panel

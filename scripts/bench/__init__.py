@@ -1,0 +1,1 @@
+"""Benchmarks and checks: each runnable script prints a JSON line last."""

@@ -1,0 +1,1 @@
+"""The docs' measured tables and figures, rendered from recorded results."""
