@@ -86,6 +86,32 @@ def misses(res: Result) -> str:
     return f"Misses (error beyond {res.data['goal']:.0%}), per configuration: {counts}.{spread}"
 
 
+BEYOND_LINK = ("s0", "s3", "s3_hier", "s3_zeropp")  # blocking: every collective second counts
+
+
+def step_model_beyond_link(res: Result) -> str:
+    """Per blocking configuration and link: the ledger's collective seconds beyond what
+    the link bytes take at the link's measured rate, then the link bytes' seconds."""
+    ran = [r for r in res.data["rows"] if "ledger_comm_s" in r]
+    rates = list(dict.fromkeys(r["rate_mbit"] for r in ran))
+    rows = []
+    for config in BEYOND_LINK:
+        for placement in ("block", "cyclic"):
+            by = {
+                r["rate_mbit"]: r
+                for r in ran
+                if (r["config"], r["placement"]) == (config, placement)
+            }
+            cells = [_beyond(by[x]) if x in by else "-" for x in rates]
+            rows.append([config, placement, *cells])
+    header = ["config", "placement", *(f"{_rate(x)} Mbit/s" for x in rates)]
+    return table(header, rows)
+
+
+def _beyond(r: dict) -> str:
+    return f"{(r['ledger_comm_s'] - r['link_s']) * 1e3:.1f} ({r['link_s'] * 1e3:.1f})"
+
+
 def step_model_clusters(res: Result) -> str:
     """Per model, stage, ZeRO++ and collectives: the overlapped step time and the
     communication over compute, per cluster."""
@@ -161,6 +187,7 @@ def step_model_zeropp_paper(res: Result) -> str:
 
 
 RENDERERS = {
+    "step_model_beyond_link": step_model_beyond_link,
     "step_model_zeropp_paper": step_model_zeropp_paper,
     "step_model_volume": step_model_volume,
     "step_model_fit": step_model_fit,
