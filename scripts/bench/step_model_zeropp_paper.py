@@ -32,8 +32,9 @@ from zero_ref.layout.grad_blocks import GradientWire
 from zero_ref.numerics.dtypes import ElementBytes
 
 SETTINGS = {
-    # the 18B GPT of DeepSpeed's ZeRO++ tutorial (docs/_tutorials/zeropp.md): 40 layers,
-    # hidden 6144, sequences of 512; 12 L h^2 parameters
+    # the 18B GPT of DeepSpeed's ZeRO++ tutorial (docs/_tutorials/zeropp.md, microsoft/
+    # DeepSpeed commit 13c52be): 40 layers, hidden 6144, sequences of 512; 12 L h^2
+    # parameters
     "layers": 40,
     "hidden": 6144,
     # 384 V100s (blog, "384台のNVIDIA V100 GPU"), 16 a node: DGX-2, as the tutorial's
@@ -54,7 +55,7 @@ SETTINGS = {
     "qgz_bits": 4,  # the paper's qgZ (its 0.25M of gradient volume)
     "alpha_intra_s": 3e-6,  # an assumption, as the cluster tables
     "alpha_inter_s": 10e-6,  # an assumption, as the cluster tables
-    "reduce_bucket_numel": 500_000_000,  # DeepSpeed's reduce_bucket_size default
+    "reduce_bucket_numel": 10_000_000,  # the tutorial's ds_zeropp_config reduce_bucket_size
     # NCCL's rings and trees are topology-aware: each byte crosses the node link once,
     # which is the model's hierarchical collectives
     "collectives": "hierarchical",
