@@ -153,8 +153,7 @@ def test_the_loss_targets_and_table():
 
 
 @pytest.fixture
-def plot(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "scripts" / "docs"))
+def plot():
     from scripts.docs import plot_run, plot_zeropp
 
     return plot_run, plot_zeropp

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.mpi_pool import REPO, mpirun_command, run_watched
+from tests.mpi_pool import mpirun_command, run_watched
 from tests.tiny_gpt import TINY_GPT
 
 
@@ -32,9 +32,7 @@ def offloaded_run(tmp_path_factory, tiny_corpus):
 
 
 @pytest.fixture
-def scripts(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "scripts" / "bench"))  # bench_offload's lanes
-    monkeypatch.syspath_prepend(str(REPO / "scripts" / "docs"))
+def scripts():
     from scripts.docs import plot_run, plot_trace
 
     return plot_run, plot_trace

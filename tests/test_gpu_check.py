@@ -413,7 +413,6 @@ def test_a_training_run_past_its_limit_is_stopped_with_the_processes_it_started(
     ranks) are killed, and the next run goes on (their JSON lines print as they end)."""
     import time
 
-    monkeypatch.syspath_prepend(str(REPO / "scripts" / "bench"))  # bench_gpu imports bench_common
     bench = script_module("bench_gpu")
     child = tmp_path / "child.pid"
     started = time.monotonic()

@@ -9,16 +9,13 @@ import json
 
 import pytest
 
-from tests.mpi_pool import REPO, mpi_env, mpirun_command, run_watched
+from tests.mpi_pool import mpi_env, mpirun_command, run_watched
 from tests.tiny_gpt import TINY_GPT
-
-SCRIPTS = REPO / "scripts" / "docs"
 
 
 @pytest.fixture
-def scripts(monkeypatch):
-    """The plotting scripts as modules (each imports plot_run from beside it)."""
-    monkeypatch.syspath_prepend(str(SCRIPTS))
+def scripts():
+    """The plotting scripts as modules (each imports scripts.docs.plot_run)."""
     from scripts.docs import plot_checkpoint, plot_run, plot_trace
 
     return plot_run, plot_trace, plot_checkpoint
