@@ -85,17 +85,27 @@ def test_merged_takes_each_cases_least_repeat_and_keeps_them_all():
     assert out["sweeps"] == 2 and sum("error" in c for c in out["cases"]) == 1
 
 
+TINY = {"allgather_tiny_s": 4e-5}
+
+
 def test_merged_takes_the_ledger_and_bytes_of_the_least_run():
     """A case's ledger seconds and link bytes come from the run whose step is the least,
     whichever sweep it is in, so they describe the step the check compares."""
-    link = {"rate_mbit": 100.0, "link_bytes_s": 1e7, "allgather_tiny_s": 4e-5}
     run = {"config": "s3", "placement": "block", "rate_mbit": 100.0}
     slow = run | {"step_s": 0.09, "ledger_comm_s": 0.07, "link_rx_bytes": 9, "link_tx_bytes": 9}
     fast = run | {"step_s": 0.08, "ledger_comm_s": 0.06, "link_rx_bytes": 5, "link_tx_bytes": 6}
+    slow["link_bytes_s"], fast["link_bytes_s"] = 1e7, 2e7  # each its own sweep's rate
     for order in ([slow, fast], [fast, slow]):
-        sweeps = [{"links": [link], "cases": [c]} for c in order]
+        sweeps = [
+            {
+                "links": [{"rate_mbit": 100.0, "link_bytes_s": c["link_bytes_s"]} | TINY],
+                "cases": [c],
+            }
+            for c in order
+        ]
         (case,) = check.merged(sweeps)["cases"]
         assert (case["step_s"], case["ledger_comm_s"], case["link_tx_bytes"]) == (0.08, 0.06, 6)
+        assert case["sweep_link_bytes_s"] == 2e7 and case["link_bytes_s"] == 1.5e7
 
 
 def test_configs_of_names_every_allowed_one_on_a_bad_name():

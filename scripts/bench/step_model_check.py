@@ -250,11 +250,13 @@ def check(cases: list[dict], theta: dict) -> list[dict]:
             "error": p.step_s / c["step_s"] - 1,
             "repeats_s": c.get("step_s_repeats", [c["step_s"]]),
             "link_bytes_measured": max(c["link_rx_bytes"], c["link_tx_bytes"]),
-            # the ledger's seconds in collectives, and the link bytes' own at the link's
-            # measured rate: what the first holds beyond the second is the calls' own
-            # cost less what of it ran while the link was busy (docs/step_model.md)
+            # the ledger's seconds in collectives, and the link bytes' own at the rate
+            # the run's sweep measured: what the first holds beyond the second is the
+            # calls' own cost less what of it ran while the link was busy
+            # (docs/step_model.md)
             "ledger_comm_s": c["ledger_comm_s"],
-            "link_s": max(c["link_rx_bytes"], c["link_tx_bytes"]) / c["link_bytes_s"],
+            "link_s": max(c["link_rx_bytes"], c["link_tx_bytes"])
+            / c.get("sweep_link_bytes_s", c["link_bytes_s"]),
             "link_bytes_predicted": sum(
                 host_link_bytes(f, cluster_of(c, theta)) for f in p.flights
             ),
@@ -302,8 +304,11 @@ def merged(sweeps: list[dict]) -> dict:
         if not ran:
             cases.append(same[0])
             continue
-        # the least step's run gives the case's other measures (its ledger, its bytes)
-        case = dict(min(ran, key=lambda c: c["step_s"]), link_bytes_s=rate_of[key[0]])
+        # the least step's run gives the case's other measures (its ledger, its bytes,
+        # its own sweep's link rate); the model is given the links' median rate
+        least = min(ran, key=lambda c: c["step_s"])
+        case = dict(least, link_bytes_s=rate_of[key[0]])
+        case["sweep_link_bytes_s"] = least.get("link_bytes_s", rate_of[key[0]])
         case["step_s"] = min(c["step_s"] for c in ran)
         case["step_s_repeats"] = [c["step_s"] for c in ran]
         cases.append(case)

@@ -8,12 +8,14 @@ on 384 V100 GPUs and reports its throughput over ZeRO-3's, not step times; DeepS
 blog posts of it (blogs/zeropp/japanese/README.md and chinese/README.md, deepspeedai/
 DeepSpeed commit 862edef) give the settings and the ratios in text, the absolute TFLOPs
 only in figures. So this compares ratios: the model's stage 3 step over its ZeRO++ step
-on the same cluster, which leaves out what the model cannot know (the GPUs' achieved
-rate cancels to first order). Two inputs the ratio hangs on are given by no source,
-so each ratio is given across them: the overlap efficiency at 1 (the cluster tables'
-assumption), 0.5 and 0 (nothing hides), and ZeRO++'s (de)quantization at HBM rate (the
-cluster tables' assumption) and free (fused into other kernels or hidden: the most ZeRO++
-can gain). The last column gives the efficiencies at which the model's ratio falls in
+on the same cluster. A ratio is spared the absolute rate, but not the length of compute
+once collectives are exposed (a step is then compute less what hides, plus the link
+time), so the assumed utilization trades against the overlap efficiency. Three inputs
+the ratio hangs on are given by no source, so the ratios are given across them: the
+overlap efficiency at 1 (the cluster tables' assumption), 0.5 and 0 (nothing hides);
+ZeRO++'s (de)quantization at HBM rate (the cluster tables' assumption) and free (fused
+into other kernels or hidden: the most ZeRO++ can gain); and, in sensitivity(), the
+utilization. The last column gives the efficiencies at which the model's ratio falls in
 the reported range.
 
 Every input is in SETTINGS, each with its source or marked as an assumption.
@@ -22,6 +24,7 @@ Every input is in SETTINGS, each with its source or marked as an assumption.
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from pathlib import Path
 
@@ -47,7 +50,9 @@ SETTINGS = {
     "hardware_flops_utilization": 0.32,
     # forward, backward and the forward again (the tutorial's --checkpoint-activations)
     "flops_per_param_token": 8,
-    "nvswitch_bytes_s": 300e9,  # "300GB/sec per link (NVSwitch)" (ZeRO paper, Sec. 10)
+    # "300GB/sec per link (NVSwitch)" (ZeRO paper, Sec. 10): both directions; one
+    # direction's half, as step_model_clusters.py takes NVLink 4's 900 GB/s
+    "nvswitch_bytes_s": 150e9,
     "hbm_bytes_s": 900e9,  # V100 HBM2 (NVIDIA V100 datasheet): optimizer, quantization
     "optimizer_bytes_per_param": 32,  # as the cluster tables (step_model_clusters.py)
     "quantize_bytes_per_numel": 10,  # as the cluster tables
@@ -61,6 +66,7 @@ SETTINGS = {
     "collectives": "hierarchical",
 }
 EFFICIENCIES = (1.0, 0.5, 0.0)
+UTILIZATIONS = (0.25, 0.32, 0.40)  # SETTINGS' 0.32 and two others, for sensitivity()
 FP16 = ElementBytes(2, 2, 2)
 
 # (link per node in Gb/s, tokens per GPU a step, the blog's words, the reported ratio
@@ -83,11 +89,14 @@ def params() -> int:
 QUANTIZATION = {"at HBM rate": SETTINGS["quantize_bytes_per_numel"], "free": 0}
 
 
-def workload(zeropp: bool, tokens: int, efficiency: float, quantize_bytes: float) -> Workload:
-    """Stage 3 of the 18B GPT, overlapped, fp16; with ZeRO++ qwZ + hpZ (the node) + qgZ."""
+def workload(
+    zeropp: bool, tokens: int, efficiency: float, quantize_bytes: float, utilization: float
+) -> Workload:
+    """Stage 3 of the 18B GPT, overlapped, fp16; with ZeRO++ qwZ + hpZ (the node) + qgZ.
+    Of the 8 flops a parameter a token, forward is 2 and backward 6 (its 4 and the
+    forward again, activation checkpointing): compute splits 1:3."""
     s, n = SETTINGS, params()
-    rate = s["gpu_peak_flops"] * s["hardware_flops_utilization"]
-    compute = s["flops_per_param_token"] * n * tokens / rate
+    compute = s["flops_per_param_token"] * n * tokens / (s["gpu_peak_flops"] * utilization)
     world = s["nodes"] * s["gpus_per_node"]
     row = n // world  # a destination row of qgZ's reduce-scatter
     bits = s["qgz_bits"]
@@ -95,8 +104,8 @@ def workload(zeropp: bool, tokens: int, efficiency: float, quantize_bytes: float
     return Workload(
         stage=3,
         unit_numels=(n // s["layers"],) * s["layers"],
-        forward_s=compute / 3,
-        backward_s=compute * 2 / 3,
+        forward_s=compute / 4,
+        backward_s=compute * 3 / 4,
         optimizer_s=n * s["optimizer_bytes_per_param"] / s["hbm_bytes_s"],
         sizes=FP16,
         overlap=True,
@@ -121,12 +130,19 @@ def cluster(gbps: float) -> Cluster:
     )
 
 
-def speedup(gbps: tuple[int, int], tokens: int, efficiency: float, quantize: str) -> float:
+def speedup(
+    gbps: tuple[int, int],
+    tokens: int,
+    efficiency: float,
+    quantize: str,
+    utilization: float | None = None,
+) -> float:
     """ZeRO++'s throughput over ZeRO-3's: the model's ZeRO-3 step (on a link of gbps[0])
     over its ZeRO++ step (on gbps[1])."""
     q = QUANTIZATION[quantize]
-    zero3 = predict(workload(False, tokens, efficiency, q), cluster(gbps[0]), 2)
-    zeropp = predict(workload(True, tokens, efficiency, q), cluster(gbps[1]), 2)
+    u = utilization or SETTINGS["hardware_flops_utilization"]
+    zero3 = predict(workload(False, tokens, efficiency, q, u), cluster(gbps[0]), 2)
+    zeropp = predict(workload(True, tokens, efficiency, q, u), cluster(gbps[1]), 2)
     return zero3.step_s / zeropp.step_s
 
 
@@ -145,16 +161,42 @@ def rows() -> list[dict]:
 def comm_over_compute(gbps: int, tokens: int) -> float:
     """ZeRO-3's collectives' seconds over its compute's (the cluster tables' second
     number): above the efficiency, not all of them can hide."""
-    p = predict(workload(False, tokens, 1.0, 0.0), cluster(gbps), 2)
+    u = SETTINGS["hardware_flops_utilization"]
+    p = predict(workload(False, tokens, 1.0, 0.0, u), cluster(gbps), 2)
     return (p.hidden_s + p.exposed_s) / p.compute_s
+
+
+def within(gbps, tokens: int, quantize: str, reported, utilization=None) -> list[float]:
+    """The efficiencies (of a 0.01 grid) at which the model's ratio is in the reported
+    range (its ends rounded to 0.01, as the posts give them)."""
+    low, high = reported
+    grid = [k / 100 for k in range(101)]
+    ratios = {e: speedup(gbps, tokens, e, quantize, utilization) for e in grid}
+    return [e for e in grid if low - 0.005 <= ratios[e] <= high + 0.005]
+
+
+def sensitivity() -> list[dict]:
+    """At each utilization and (de)quantization: the efficiencies that give Fig. 6's and
+    Fig. 7's 1k-token ratios, and those that give both (one cluster ran both)."""
+    figures = [r for r in REPORTED if r[1] == 1024]
+    out = []
+    for u, quantize in itertools.product(UTILIZATIONS, QUANTIZATION):
+        each = [within((g, g), tokens, quantize, rep, u) for g, tokens, _, rep in figures]
+        both = sorted(set(each[0]) & set(each[1]))
+        out.append(
+            {
+                "utilization": u,
+                "quantization": quantize,
+                "spans": {str(r[0]): spans(e) for r, e in zip(figures, each, strict=True)},
+                "both": spans(both),
+            }
+        )
+    return out
 
 
 def row(link: str, gbps, tokens: int, quantize: str, words: str, reported) -> dict:
     model = {str(e): speedup(gbps, tokens, e, quantize) for e in EFFICIENCIES}
     low, high = reported
-    # the efficiencies (of a 0.01 grid) at which the model gives a ratio in the range
-    grid = [k / 100 for k in range(101)]
-    within = [e for e in grid if low - 0.005 <= speedup(gbps, tokens, e, quantize) <= high + 0.005]
     return {
         "link": link,
         "quantization": quantize,
@@ -165,7 +207,7 @@ def row(link: str, gbps, tokens: int, quantize: str, words: str, reported) -> di
         "model": model,
         "reported": words,
         "reported_range": [low, high],
-        "efficiencies_within": spans(within),
+        "efficiencies_within": spans(within(gbps, tokens, quantize, reported)),
     }
 
 
@@ -204,7 +246,11 @@ def main() -> None:
     a = p.parse_args()
     table = rows()
     print(markdown(table))
-    emit({"settings": SETTINGS, "params": params(), "rows": table}, a.record)
+    more = sensitivity()
+    emit(
+        {"settings": SETTINGS, "params": params(), "rows": table, "sensitivity": more},
+        a.record,
+    )
 
 
 if __name__ == "__main__":

@@ -104,7 +104,7 @@ def step_model_beyond_link(res: Result) -> str:
             }
             cells = [_beyond(by[x]) if x in by else "-" for x in rates]
             rows.append([config, placement, *cells])
-    header = ["config", "placement", *(f"{_rate(x)} Mbit/s" for x in rates)]
+    header = ["config", "placement", *(_rate(x) + ("" if x is None else " Mbit/s") for x in rates)]
     return table(header, rows)
 
 
@@ -161,32 +161,54 @@ def step_model_volume(res: Result) -> str:
     return table(header, rows)
 
 
+def _spans(runs: list[list[float]]) -> str:
+    """Efficiency spans as text: '0.10-0.33, 0.62-1.00', or 'none'."""
+    return ", ".join(f"{a:.2f}-{b:.2f}" if a != b else f"{a:.2f}" for a, b in runs) or "none"
+
+
 def step_model_zeropp_paper(res: Result) -> str:
     """ZeRO++'s throughput over ZeRO-3's: the model's at three overlap efficiencies and
     two costs of (de)quantization, beside the ratio the ZeRO++ posts report."""
-    effs = list(res.data["rows"][0]["model"])
+    d, s = res.data, res.data["settings"]
+    effs = list(d["rows"][0]["model"])
     rows = []
-    for r in res.data["rows"]:
+    for r in d["rows"]:
         cells = [f"{r['model'][e]:.2f}x" for e in effs]
-        runs = r["efficiencies_within"]
-        fit = ", ".join(f"{a:.2f}-{b:.2f}" if a != b else f"{a:.2f}" for a, b in runs)
         low, high = r["reported_range"]
         reported = f"{low:.2f}-{high:.2f}x: {r['reported']}"
-        rows.append([r["quantization"], r["link"], f"{r['tokens_per_gpu']:,}", *cells])
-        rows[-1] += [reported, fit or "none"]
-    header = ["(de)quantization", "link per node", "tokens per GPU"]
+        rows.append([r["quantization"], r["link"], f"{r['tokens_per_gpu']:,}"])
+        rows[-1] += [f"{r['zero3_comm_over_compute']:.2f}", *cells, reported]
+        rows[-1].append(_spans(r["efficiencies_within"]))
+    header = ["(de)quantization", "link per node", "tokens per GPU", "ZeRO-3 comm / compute"]
     header += [f"model, efficiency {float(e):g}" for e in effs]
     header += ["reported", "efficiencies in the range"]
     caption = (
-        f"{measured_by(res)} Arithmetic, no run: the 18B GPT "
-        f"({res.data['params'] / 1e9:.1f}e9 parameters) at stage 3 on 24 nodes of 16 "
-        "V100s, hierarchical collectives, overlapped; ZeRO++ is qwZ + hpZ (the node) + qgZ "
-        "at 4 bits. Each model cell: its ZeRO-3 step over its ZeRO++ step."
+        f"{measured_by(res)} Arithmetic, no run: the {d['params'] / 1e9:.1f}e9-parameter "
+        f"GPT ({s['layers']} layers, hidden {s['hidden']}) at stage 3 on {s['nodes']} nodes "
+        f"of {s['gpus_per_node']} V100s at {s['hardware_flops_utilization']:.0%} of peak, "
+        f"{s['collectives']} collectives, overlapped; ZeRO++ is qwZ + hpZ (the node) + qgZ "
+        f"at {s['qgz_bits']} bits. Each model cell: its ZeRO-3 step over its ZeRO++ step. "
+        "ZeRO-3 comm / compute: its collectives' seconds over its compute's (the cluster "
+        "tables' second number)."
     )
     return "\n\n".join([caption, table(header, rows)])
 
 
+def step_model_zeropp_sensitivity(res: Result) -> str:
+    """Per utilization and (de)quantization, the efficiencies that give Fig. 6's and
+    Fig. 7's 1k-token ratios, and both."""
+    rows = [
+        [f"{x['utilization']:.0%}", x["quantization"]]
+        + [_spans(x["spans"][g]) for g in ("400", "100")]
+        + [_spans(x["both"])]
+        for x in res.data["sensitivity"]
+    ]
+    header = ["utilization", "(de)quantization", "400 Gb/s (Fig. 6)", "100 Gb/s (Fig. 7)"]
+    return table([*header, "both"], rows)
+
+
 RENDERERS = {
+    "step_model_zeropp_sensitivity": step_model_zeropp_sensitivity,
     "step_model_beyond_link": step_model_beyond_link,
     "step_model_zeropp_paper": step_model_zeropp_paper,
     "step_model_volume": step_model_volume,
