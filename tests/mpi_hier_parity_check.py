@@ -62,8 +62,7 @@ def run_case(stage: int, overlap: bool, host_of) -> tuple[bool, bool]:
         ok &= same(full, two_level.model_parameters())
         like_flat &= same(full, flat.model_parameters())
     engine.close()
-    comm.host.Free()
-    comm.cross.Free()
+    comm.free()
     return ok, like_flat
 
 

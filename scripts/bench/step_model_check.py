@@ -165,11 +165,6 @@ def latency_s(case: dict) -> float:
     return predicted(replace_flags(case), dict.fromkeys(CONSTANTS, 0.0)).step_s
 
 
-def fixed_s(case: dict) -> float:
-    """The blocking step's measured part: alpha, and the bytes inside the host."""
-    return latency_s(case)
-
-
 def features(case: dict) -> list[float]:
     """The blocking step's coefficient of each constant (the model is linear in them
     without overlap): predict with that constant 1 and the others 0, less the alpha part."""
@@ -309,7 +304,6 @@ def merged(sweeps: list[dict]) -> dict:
         least = min(ran, key=lambda c: c["step_s"])
         case = dict(least, link_bytes_s=rate_of[key[0]])
         case["sweep_link_bytes_s"] = least.get("link_bytes_s", rate_of[key[0]])
-        case["step_s"] = min(c["step_s"] for c in ran)
         case["step_s_repeats"] = [c["step_s"] for c in ran]
         cases.append(case)
     return {"links": links, "cases": cases, "sweeps": len(sweeps)}

@@ -25,7 +25,7 @@ from zero_ref.formulas.step_model import (
     host_link_bytes,
     predict,
 )
-from zero_ref.layout.grad_blocks import GradientWire
+from zero_ref.layout.grad_blocks import plan_wire
 from zero_ref.numerics.dtypes import ElementBytes
 
 ASSUMPTIONS = {
@@ -208,10 +208,10 @@ def volume_rows(nodes: int = 64) -> list[dict]:
         m_least = 2 * sum(unit) * (nodes - 1) / nodes
         for label, zpp, bits in (("ZeRO-3", False, None), ("ZeRO++", True, 8), ("ZeRO++", True, 4)):
             w = workload(params, layers, 3, zpp, world)
-            if bits is not None:
-                row = sum(unit) // world  # a destination row's values; one scale a block
-                blocks = -(-row // ASSUMPTIONS["quantize_block"])
-                wire = GradientWire(bits, blocks, (row * bits + 7) // 8)
+            if bits is not None:  # a destination row over the bucket plan, on qgZ's wire
+                a = ASSUMPTIONS
+                buckets, block = a["reduce_bucket_numel"], a["quantize_block"]
+                wire = plan_wire(unit, world, buckets, block, bits)
                 w = dataclasses.replace(w, qgz_blocks=wire)
             cols = [0.0, 0.0, 0.0]
             for f in flights_of(w, c):

@@ -24,6 +24,7 @@ Every input is in SETTINGS, each with its source or marked as an assumption.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import sys
 from pathlib import Path
@@ -31,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the root: scripts.* import by path
 from scripts.bench.bench_common import add_record_flag, emit
 from zero_ref.formulas.step_model import Cluster, Link, Workload, predict
-from zero_ref.layout.grad_blocks import GradientWire
+from zero_ref.layout.grad_blocks import GradientWire, plan_wire
 from zero_ref.numerics.dtypes import ElementBytes
 
 SETTINGS = {
@@ -61,8 +62,9 @@ SETTINGS = {
     "alpha_intra_s": 3e-6,  # an assumption, as the cluster tables
     "alpha_inter_s": 10e-6,  # an assumption, as the cluster tables
     "reduce_bucket_numel": 10_000_000,  # the tutorial's ds_zeropp_config reduce_bucket_size
-    # NCCL's rings and trees are topology-aware: each byte crosses the node link once,
-    # which is the model's hierarchical collectives
+    # NCCL detects the topology and builds its rings and trees from it (developer.nvidia.
+    # com/nccl; NVIDIA/nccl issue #545: trees between nodes, chains inside one), so a
+    # byte crosses the node link once: the model's hierarchical collectives
     "collectives": "hierarchical",
 }
 EFFICIENCIES = (1.0, 0.5, 0.0)
@@ -97,10 +99,6 @@ def workload(
     forward again, activation checkpointing): compute splits 1:3."""
     s, n = SETTINGS, params()
     compute = s["flops_per_param_token"] * n * tokens / (s["gpu_peak_flops"] * utilization)
-    world = s["nodes"] * s["gpus_per_node"]
-    row = n // world  # a destination row of qgZ's reduce-scatter
-    bits = s["qgz_bits"]
-    wire = GradientWire(bits, -(-row // s["quantize_block"]), (row * bits + 7) // 8)
     return Workload(
         stage=3,
         unit_numels=(n // s["layers"],) * s["layers"],
@@ -112,10 +110,20 @@ def workload(
         overlap_efficiency=efficiency,
         qwz_block=s["quantize_block"] if zeropp else None,
         hpz=zeropp,
-        qgz_blocks=wire if zeropp else None,
+        qgz_blocks=qgz_wire() if zeropp else None,
         reduce_buckets=max(1, round(n / s["reduce_bucket_numel"])),
         quantize_s_per_numel=quantize_bytes / s["hbm_bytes_s"],
     )
+
+
+@functools.cache
+def qgz_wire() -> GradientWire:
+    """A destination row of qgZ's reduce-scatter over the tutorial's bucket plan."""
+    s, n = SETTINGS, params()
+    units = (n // s["layers"],) * s["layers"]
+    world = s["nodes"] * s["gpus_per_node"]
+    block, bits = s["quantize_block"], s["qgz_bits"]
+    return plan_wire(units, world, s["reduce_bucket_numel"], block, bits)
 
 
 def cluster(gbps: float) -> Cluster:
