@@ -1,13 +1,27 @@
 """The node-aware (two-level) collectives, zero_ref/comm/hierarchical.py: the block
-orders, the setting's checks, and one mpirun job over fake hosts (tests/mpi_hier_check.py)."""
+orders, the groups' common placement, the setting's checks and how it resolves, and
+mpirun jobs over fake hosts (tests/mpi_hier_check.py, mpi_hier_parity_check.py,
+mpi_hier_groups_check.py)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from mpi4py import MPI
 
 from tests.mpi_pool import run_mpi_checks
-from zero_ref.comm.hier_order import gathered_order, placement, spans_hosts, two_level_bytes
-from zero_ref.config import OverlapConfig, ZeroConfig, ZeroPPConfig
+from zero_ref.app.cli import UsageError, parse_args
+from zero_ref.comm import choose
+from zero_ref.comm.hier_order import (
+    common_placement,
+    gathered_order,
+    group_placement,
+    placement,
+    spans_hosts,
+    split_placement,
+    two_level_bytes,
+)
+from zero_ref.config import HybridConfig, OverlapConfig, ZeroConfig, ZeroPPConfig
 
 
 def test_placement_orders_hosts_by_lowest_rank_and_refuses_unequal_hosts():
@@ -31,15 +45,69 @@ def test_each_host_receives_the_other_hosts_data_once():
 
 
 def test_the_setting_is_checked():
-    with pytest.raises(ValueError, match="collectives"):
+    """Every value, the default, and a bad one refused with the allowed list, in the
+    config and on the command line; hpZ and hybrid groups are accepted with it now."""
+    with pytest.raises(ValueError, match="'auto', 'flat', 'hierarchical'"):
         ZeroConfig(overlap=OverlapConfig(collectives="nccl"))
-    with pytest.raises(ValueError, match="hierarchical.*hpz_partition_size"):
-        ZeroConfig(
-            stage=3,
-            overlap=OverlapConfig(collectives="hierarchical"),
-            zeropp=ZeroPPConfig(hpz_partition_size=2),
-        )
+    with pytest.raises((UsageError, SystemExit)):
+        parse_args(["--collectives", "nccl"], 4)
+    for value in ("auto", "flat", "hierarchical"):
+        assert parse_args(["--collectives", value], 4).zero.overlap.collectives == value
     assert ZeroConfig().overlap.collectives == "auto"
+    ZeroConfig(stage=3, overlap=OverlapConfig(collectives="hierarchical"),
+               zeropp=ZeroPPConfig(hpz_partition_size=2, quantized_weights=True,
+                                   quantized_gradients=True))  # fmt: skip
+    ZeroConfig(stage=3, overlap=OverlapConfig(collectives="hierarchical"),
+               hybrid=HybridConfig(shard_size=2))  # fmt: skip
+
+
+@pytest.mark.parametrize(("value", "two_level"), [("flat", False), ("auto", False),
+                                                  ("hierarchical", True)])  # fmt: skip
+def test_the_setting_resolves_on_one_host(value, two_level):
+    """One process, one host: flat and auto stay one-level (auto changes nothing on one
+    host), hierarchical is taken as asked, with or without groups."""
+    for zeropp in (ZeroPPConfig(), ZeroPPConfig(hpz_partition_size=2)):
+        cfg = ZeroConfig(stage=3, overlap=OverlapConfig(collectives=value), zeropp=zeropp)
+        assert choose.use_hierarchical(MPI.COMM_SELF, cfg) is two_level
+
+
+def test_groups_share_one_two_level_order_or_go_flat():
+    """hier_order.common_placement: a split's groups go two-level together, with one
+    table (the oracle's), only where it spans hosts; uneven or differing groups say why."""
+    two_by_two = placement([0, 0, 1, 1])
+    assert np.array_equal(common_placement([two_by_two, two_by_two.copy()])[0], two_by_two)
+    assert common_placement([placement([0, 0]), placement([1, 1])]) == (None, "")  # one host
+    assert common_placement([placement([0, 1]), placement([1, 0])]) == (None, "")  # 1 a host
+    assert group_placement([0, 0, 1]) is None
+    assert "different counts" in common_placement([two_by_two, None])[1]
+    cyclic = placement([0, 1, 0, 1])
+    assert "placed differently" in common_placement([two_by_two, cyclic])[1]
+    world_of = placement([r // 2 for r in range(8)])  # 4 hosts of 2, in blocks
+    shards = [range(0, 4), range(4, 8)]
+    assert split_placement(world_of, shards).tolist() == [[0, 1], [2, 3]]
+    assert split_placement(world_of, [range(i, 8, 4) for i in range(4)]) is None  # 1 a host
+    uneven = placement([0, 0, 1, 0, 1, 1, 0, 1])
+    assert split_placement(uneven, shards) is None
+
+
+class _FakeTwoLevel:
+    """What choose._device_buffers_go_flat reads of a HierarchicalComm."""
+
+    def __init__(self, strict: bool) -> None:
+        self.strict, self.rank, self.freed = strict, 0, False
+
+    def free(self) -> None:
+        self.freed = True
+
+
+def test_a_cuda_aware_path_is_flat_and_says_so(capsys):
+    """Device buffers handed to a CUDA-aware MPI take the flat collectives: refused when
+    'hierarchical' was asked for, said once (and the levels freed) for 'auto'."""
+    with pytest.raises(ValueError, match="CUDA-aware MPI.*--cuda-aware-mpi no"):
+        choose._device_buffers_go_flat(_FakeTwoLevel(strict=True))
+    auto = _FakeTwoLevel(strict=False)
+    choose._device_buffers_go_flat(auto)
+    assert auto.freed and "collectives auto" in capsys.readouterr().out
 
 
 def test_two_level_collectives_over_fake_hosts():
@@ -52,3 +120,10 @@ def test_every_stage_matches_the_oracles_two_level_order():
     """6 ranks as 3x2 in blocks and 2x3 cyclic, stages 0-3, overlap off and on: the
     parameters bit for bit the oracle's with `hosts`, and not all the flat oracle's."""
     run_mpi_checks("mpi_hier_parity_check.py", 6)
+
+
+def test_hpz_and_hybrid_groups_go_two_level_where_they_span_hosts():
+    """8 ranks on fake hosts: hybrid shard groups spanning hosts, replica groups with 2
+    ranks a host, hpZ groups with qwZ: bitwise the oracle's two-level order, the ledger's
+    hops, and uneven groups refused ('hierarchical') or flat ('auto')."""
+    run_mpi_checks("mpi_hier_groups_check.py", 8)

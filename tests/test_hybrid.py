@@ -112,17 +112,24 @@ def test_deepspeed_key_and_flag_turn_hybrid_sharding_on(tmp_path):
             parse_args(bad, 4)
 
 
-def test_mics_hierarchical_gather_is_read_and_reported_not_built(tmp_path):
+def test_mics_hierarchical_gather_maps_to_the_two_level_collectives(tmp_path):
     """zero_optimization.mics_hierarchical_params_gather (deepspeed/runtime/zero/config.py,
-    a bool): true is reported by name as not implemented; false asks for nothing."""
+    a bool): true is collectives 'hierarchical', false asks for nothing (auto stays), a
+    flag given overrides the file, and a value that is not a bool is refused by name."""
     path = tmp_path / "ds.json"
-    for value, warned in [(True, True), (False, False)]:
+
+    def parsed(value, *flags):
         zero = {"stage": 3, "mics_shard_size": 2, "mics_hierarchical_params_gather": value}
         path.write_text(json.dumps({"zero_optimization": zero}))
-        notes = parse_args(["--config", str(path)], 4).notes
-        said = [n for n in notes if "mics_hierarchical_params_gather" in n]
-        assert bool(said) == warned and not [n for n in notes if "unknown key" in n]
-        assert not warned or "not implemented" in said[0]
+        return parse_args(["--config", str(path), *flags], 4)
+
+    for value, meant in [(True, "hierarchical"), (False, "auto")]:
+        args = parsed(value)
+        assert args.zero.overlap.collectives == meant
+        assert not [n for n in args.notes if "mics_hierarchical_params_gather" in n]
+    assert parsed(True, "--collectives", "flat").zero.overlap.collectives == "flat"
+    with pytest.raises((ValueError, SystemExit), match="mics_hierarchical_params_gather"):
+        parsed("yes")
 
 
 def test_a_hybrid_training_run_says_so_and_is_counted(tmp_path):

@@ -3,13 +3,16 @@ COMM_TYPE_SHARED split tells apart, joined by a veth (scripts/bench/netns_hosts.
 the cross-host level really crosses a link (issue 33). Needs root; where namespaces
 cannot be made the tests skip and say why.
 
-- 2 hosts x 2 ranks, in blocks and cyclic, and 3 hosts x 2 ranks in blocks: every stage
-  (stages 1 and 3 on 3 hosts), overlap off and on, bit for bit the oracle's two-level order
+- 2 hosts x 2 ranks, in blocks and cyclic, and 3 hosts x 2 ranks in blocks: every stage,
+  overlap off and on, bit for bit the oracle's two-level order
   (tests/mpi_hier_parity_check.py --real-hosts);
 - unequal hosts (2 + 1 ranks): `hierarchical` is refused with the counts, `auto` says it
   runs flat and stays bitwise the flat oracle (--check-oracle);
 - a checkpoint saved with the two-level collectives in blocks resumes in cyclic
-  placement, and reshards onto 2 ranks of one host, each step bitwise its oracle."""
+  placement, and reshards onto 2 ranks of one host, each step bitwise its oracle;
+- groups that span the hosts (hpZ's with qwZ; a hybrid shard group asked for by a
+  DeepSpeed config's mics_hierarchical_params_gather) gather and sum in two levels,
+  each step bitwise its oracle (--check-oracle)."""
 
 from __future__ import annotations
 
@@ -83,7 +86,7 @@ def test_two_hosts_in_blocks_and_cyclic_are_the_two_level_oracle(two_hosts):
 
 def test_three_hosts_are_the_two_level_oracle(three_hosts):
     p = three_hosts
-    passed(mpiexec(p, f"{p}h1:2,{p}h2:2,{p}h3:2", 6, [*PARITY, "--stages", "1,3"]), 6)
+    passed(mpiexec(p, f"{p}h1:2,{p}h2:2,{p}h3:2", 6, PARITY), 6)
 
 
 def test_unequal_hosts_refuse_hierarchical_and_auto_runs_flat(two_hosts, tmp_path):
@@ -113,3 +116,23 @@ def test_a_checkpoint_moves_between_placements(two_hosts, tmp_path):
     one_host = train(p, f"{p}h1:2", 2, "--stage", "1", "--steps", "6",
                      "--resume", step3, "--check-oracle")  # fmt: skip
     assert one_host.returncode == 0, (one_host.stdout + one_host.stderr)[-3000:]
+
+
+def last_kinds(log: Path) -> dict:
+    return [json.loads(x) for x in log.read_text().splitlines()][-1]["ranks"][0]["comm_last_step"]
+
+
+def test_groups_that_span_the_hosts_go_two_level(two_hosts, tmp_path):
+    p, log, blocks = two_hosts, tmp_path / "log.jsonl", f"{two_hosts}h1:2,{two_hosts}h2:2"
+    hpz = train(p, blocks, 4, "--stage", "3", "--steps", "3", "--hpz-partition-size", "4",
+                "--quantized-weights", "--check-oracle", "--log-jsonl", log)  # fmt: skip
+    assert hpz.returncode == 0, (hpz.stdout + hpz.stderr)[-3000:]
+    kinds = last_kinds(log)
+    assert {"allgather_hpz_cross", "allgather_int8_cross"} <= set(kinds), kinds
+    ds = tmp_path / "ds.json"
+    zero = {"stage": 2, "mics_shard_size": 4, "mics_hierarchical_params_gather": True}
+    ds.write_text(json.dumps({"zero_optimization": zero}))
+    mics = train(p, blocks, 4, "--config", ds, "--steps", "3", "--check-oracle",
+                 "--log-jsonl", log)  # fmt: skip
+    assert mics.returncode == 0, (mics.stdout + mics.stderr)[-3000:]
+    assert "reduce_scatter_cross" in last_kinds(log), last_kinds(log)

@@ -136,6 +136,7 @@ def _sample(s: Setting, key: str):
     samples = {"precision": True, "betas": [0.5, 0.75], "nvme_path": "/tmp/swap"}
     samples["hpz_partition_size"] = 2  # a str setting (it takes "host") whose key is an int
     samples["hybrid_shard_size"] = 2  # the same (mics_shard_size)
+    samples["collectives"] = True  # a choice setting whose key is a bool (mics_hierarchical_...)
     if s.dest in samples:
         return samples[s.dest]
     if s.choices is not None:

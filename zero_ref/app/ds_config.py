@@ -54,11 +54,9 @@ def _set(out: ParsedConfig, key: str, value: Any) -> None:
 
 
 # DeepSpeed keys read, not built: true is reported as not implemented (no effect), false
-# asks for nothing. MiCS's hierarchical gather (deepspeed/runtime/zero/mics.py,
-# has_hierarchical_all_gather_groups: a param_intra_node_group and a
-# param_inter_node_shard_group) all-gathers a shard group that spans nodes in two hops;
-# the values would not change.
-ZERO_NOT_YET: tuple[str, ...] = ("mics_hierarchical_params_gather",)
+# asks for nothing. (MiCS's mics_hierarchical_params_gather is built: the collectives
+# setting's key.)
+ZERO_NOT_YET: tuple[str, ...] = ()
 ZERO_ALWAYS_ON = (  # what zero_ref always does; false asks for something it cannot do
     "contiguous_gradients",  # buffers are always contiguous
     "reduce_scatter",  # gradients are always reduce-scattered (stages 1-3)

@@ -107,6 +107,14 @@ def shard_size(key: str, v: Any) -> int | None:
     return v
 
 
+def hierarchical_gather(key: str, v: Any) -> str | None:
+    """zero_optimization.mics_hierarchical_params_gather: true asks for the two-level
+    collectives ("hierarchical": MiCS's intra-node and inter-node gather groups,
+    deepspeed/runtime/zero/mics.py has_hierarchical_all_gather_groups, are what
+    HierarchicalComm's host and cross levels are); false asks for nothing."""
+    return "hierarchical" if boolean(key, v) else None
+
+
 def offload_device(key: str, v: Any) -> str:
     """An offload block's device; "cpu" for parameters is reported by ds_config."""
     if v not in ("none", "nvme", "cpu"):

@@ -221,9 +221,10 @@ OVERLAP = (
             choices=PROGRESS_MODES, feeds=OV + "progress"),
     Setting("collectives", "overlap", "all-gather and reduce-scatter: flat (MPI's), "
             "hierarchical (inside each host, then across hosts: each byte crosses the link "
-            "once) or auto (hierarchical on more than one host with more than one rank on "
-            "each, and no hpZ/hybrid/ZeRO++ groups)", choices=COLLECTIVES,
-            feeds=OV + "collectives"),
+            "once; hpZ's and hybrid sharding's groups too where they span hosts) or auto "
+            "(hierarchical on more than one host with more than one rank on each)",
+            choices=COLLECTIVES, ds=(ZO + "mics_hierarchical_params_gather",),
+            ds_parse=dv.hierarchical_gather, feeds=OV + "collectives"),
     Setting("prefetch_numel", "overlap", "stage 3 with --overlap-comm: elements of upcoming "
             "units gathered ahead of use (0: none)", int, None, minimum=0,
             ds=(ZO + "stage3_prefetch_bucket_size",), ds_parse=dv.whole_integer(0),

@@ -28,7 +28,8 @@ def comm_for(mpi_comm: MPI.Comm, cfg: ZeroConfig) -> Comm:
     checking both follow the config (the only place that maps one to the other)."""
     reduction = OrderedReduction() if cfg.deterministic else MPIReduction()
     if use_hierarchical(mpi_comm, cfg):  # two-level gathers and sums (docs/multihost.md)
-        comm = HierarchicalComm(mpi_comm, reduction, check_schedule=cfg.check_schedule)
+        strict = cfg.overlap.collectives == "hierarchical"  # else a group may stay flat
+        comm = HierarchicalComm(mpi_comm, reduction, cfg.check_schedule, strict=strict)
     else:
         comm = Comm(mpi_comm, reduction, check_schedule=cfg.check_schedule)
     if cfg.device == "gpu":  # collectives on device arrays (docs/gpu.md)
@@ -39,10 +40,11 @@ def comm_for(mpi_comm: MPI.Comm, cfg: ZeroConfig) -> Comm:
 def use_hierarchical(mpi_comm: MPI.Comm, cfg: ZeroConfig, host_of=None) -> bool:
     """cfg.overlap.collectives resolved (a collective): "flat" no, "hierarchical" yes (refused
     when the hosts hold different numbers of ranks), "auto" yes when the job spans more
-    than one host with more than one rank on each, as many on every host, and the
-    engine has no hpZ/hybrid/ZeRO++ groups; otherwise flat (rank 0 says why, once)."""
+    than one host with more than one rank on each, as many on every host; otherwise flat
+    (rank 0 says why, once). hpZ's and hybrid sharding's groups follow the world's Comm
+    (HierarchicalComm.group_comm); qgZ's hops are its own."""
     collectives = cfg.overlap.collectives
-    if collectives == "flat" or (collectives == "auto" and cfg.groups_in_use()):
+    if collectives == "flat":
         return False
     labels = host_labels(mpi_comm, host_of)
     if collectives == "hierarchical":
@@ -77,7 +79,25 @@ def device_comm(comm: Comm, cuda_aware_mpi: str) -> Comm | StagedComm:
     path = choose_path(cuda_aware_mpi, library_says_cuda_aware())
     if not path.cuda_aware:
         return StagedComm(comm, cuda.pinned_array, path.describe())
+    if isinstance(comm, HierarchicalComm):  # its levels' reorders are host NumPy
+        _device_buffers_go_flat(comm)
     direct = Comm(comm.mpi, comm.reduction, comm.check_schedule)
     direct.arrays = DeviceArrays(lambda: f"rank {direct.rank}, step {direct.step}")
     direct.path = path.describe()
     return direct
+
+
+def _device_buffers_go_flat(comm: HierarchicalComm) -> None:
+    """Device buffers handed to a CUDA-aware MPI take the flat collectives: the two
+    levels' block reorders are host NumPy. Refused for collectives 'hierarchical'; said
+    once by rank 0 for 'auto' (the staged path, through host buffers, keeps two levels)."""
+    why = "the two-level collectives run on host buffers, not a CUDA-aware MPI's device ones"
+    if comm.strict:
+        raise ValueError(
+            f"collectives 'hierarchical' with a CUDA-aware MPI: {why}; give "
+            "--cuda-aware-mpi no (staged through host buffers, two levels) or collectives "
+            "'auto' or 'flat' (flat)"
+        )
+    if comm.rank == 0:
+        print(f"collectives auto: {why}; flat", flush=True)
+    comm.free()

@@ -95,6 +95,13 @@ class Comm(NonBlockingCollectives):
         it does not define, answers with the host Comm it stages through)."""
         return self
 
+    def group_comm(self, split: MPI.Comm) -> Comm:
+        """The Comm of a sub-group split from this one (hpZ's partition group, hybrid
+        sharding's groups: zero_ref/comm/groups.py): flat, with this Comm's reduction
+        policy, schedule checking and arrays (HierarchicalComm's is two-level where the
+        group spans hosts)."""
+        return Comm(split, self.reduction, self.check_schedule, self.arrays)
+
     def track_memory(self, memory) -> None:
         """Register buffers this Comm keeps between calls with an engine's memory ledger:
         a host Comm keeps none (the staged Comm of --device gpu does)."""

@@ -14,7 +14,10 @@ host. A rank's place in its group is its rank in the group Comm (the world's ord
 
 The group Comm keeps the engine Comm's reduction policy, schedule checking and arrays,
 and writes into the engine Comm's ledger, its gathers under their own kind
-("allgather_hpz"), so one ledger says what crossed between hosts and what stayed.
+("allgather_hpz"), so one ledger says what crossed between hosts and what stayed. It is
+the engine Comm's kind of Comm (`Comm.group_comm`): with the two-level collectives a
+group that spans hosts gathers and sums in two levels too (issue 33); qgZ's hop groups
+stay flat, as its two hops are already its own node-aware sum.
 """
 
 from __future__ import annotations
@@ -59,11 +62,16 @@ def group_ranks(
 
 
 def partition_group(
-    comm: Comm, partition_size: int | str, name: str = "hpz_partition_size", **error
+    comm: Comm,
+    partition_size: int | str,
+    name: str = "hpz_partition_size",
+    two_level: bool = True,
+    **error,
 ) -> Comm:
     """The Comm of this rank's hpZ group (a collective over comm): see the module's
-    docstring for who is in it. Raises, on every rank, when the size does not divide the
-    world or the hosts hold different numbers of ranks."""
+    docstring for who is in it; comm's kind of Comm, or flat (two_level False). Raises,
+    on every rank, when the size does not divide the world or the hosts hold different
+    numbers of ranks."""
     world, rank = comm.size, comm.rank
     if partition_size == "host":
         split = comm.mpi.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
@@ -71,7 +79,7 @@ def partition_group(
     else:
         group_ranks(world, int(partition_size), name, **error)  # the check, on every rank
         split = comm.mpi.Split(rank // int(partition_size), rank)
-    group = Comm(split, comm.reduction, comm.check_schedule, comm.arrays)
+    group = comm.group_comm(split) if two_level else Comm.group_comm(comm, split)
     group.ledger = comm.ledger  # one ledger; the group's gathers under HPZ_KIND
     return group
 
@@ -87,7 +95,7 @@ def shard_and_replica_groups(comm: Comm, shard_size: int | str) -> tuple[Comm, C
     if shard_size == "host":
         _check_consecutive(comm.mpi, shard, name)
     split = comm.mpi.Split(shard.rank, comm.rank)  # color: the shard this rank holds
-    replicas = Comm(split, comm.reduction, comm.check_schedule, comm.arrays)
+    replicas = comm.group_comm(split)
     replicas.ledger = BookedAs(comm.ledger, HYBRID_KIND)
     return shard, replicas
 
@@ -101,7 +109,7 @@ def qgz_hops(comm: Comm, local_size: int | str) -> QgzHops | None:
     if local_size == "world":
         return None
     error = {"words": ", 'host' or 'world'", "over": "the count of ranks qgZ sums over"}
-    local = partition_group(comm, local_size, name, **error)
+    local = partition_group(comm, local_size, name, two_level=False, **error)
     if local_size == "host":
         _check_consecutive(comm.mpi, local, name, "give 'world' for one hop, or an integer size")
     if local.size in (1, comm.size):

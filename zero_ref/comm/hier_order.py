@@ -65,3 +65,34 @@ def two_level_sum(rows: np.ndarray, world_of: np.ndarray, out: np.ndarray) -> np
         [sum_in_rank_order(rows[list(ranks)], np.empty_like(out)) for ranks in world_of]
     )
     return sum_in_rank_order(partials, out)
+
+
+def group_placement(labels: Sequence[int]) -> np.ndarray | None:
+    """A sub-group's placement table in its own ranks, from each group rank's host label,
+    or None when its hosts hold different counts of its ranks."""
+    try:
+        return placement(labels)
+    except ValueError:
+        return None
+
+
+def common_placement(tables: Sequence[np.ndarray | None]) -> tuple[np.ndarray | None, str]:
+    """The groups of one split (hpZ's partition groups, hybrid's shard groups, its replica
+    groups) sum and gather in two levels only together, so one table is the order of them
+    all: (that table, "") when every group has it and it spans hosts; else (None, why),
+    why "" when flat is the same order anyway (one host, or one rank a host)."""
+    if any(t is None for t in tables):
+        return None, "a group's hosts hold different counts of its ranks"
+    first = tables[0]
+    if any(t.shape != first.shape or not np.array_equal(t, first) for t in tables):
+        if not any(spans_hosts(t) for t in tables):
+            return None, ""
+        return None, "the groups are placed differently on the hosts"
+    return (first, "") if spans_hosts(first) else (None, "")
+
+
+def split_placement(world_of: np.ndarray, groups: Sequence[Sequence[int]]) -> np.ndarray | None:
+    """common_placement of the groups (each its world ranks, in group order) of a world
+    whose placement is world_of: the oracle's mirror of HierarchicalComm.group_comm."""
+    host = {int(r): h for h, ranks in enumerate(world_of) for r in ranks}
+    return common_placement([group_placement([host[r] for r in g]) for g in groups])[0]

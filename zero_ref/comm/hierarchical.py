@@ -9,12 +9,16 @@ COMM_TYPE_SHARED, as hpZ finds them), and `cross`, the ranks at this rank's loca
 on every host, in host order. The gather crosses first, then spreads inside the host;
 the sum is made inside the host first, then only the partials cross
 (zero_ref/comm/hier_order.py has the block orders). NCCL and MiCS's
-`mics_hierarchical_params_gather` do the same on GPUs.
+`mics_hierarchical_params_gather` do the same on GPUs. qwZ's byte gathers (int8 and
+their scales) go the same two levels; a sub-group's Comm (hpZ's partition group, hybrid
+sharding's shard and replica groups, `group_comm`) is two-level too where the group
+itself spans hosts.
 
 Deterministic mode: each level is the OrderedReduction (an Alltoall, then a sum in rank
 order), so the sum is the host's rows in world-rank order, then the hosts' partials in
 host order -- the oracle's two-level order (Oracle `hosts`, docs/multihost.md). Fast mode:
-MPI's sum at each level. 16-bit sends and byte gathers stay flat (the Comm's own calls).
+MPI's sum at each level. 16-bit sums stay flat (the Comm's own calls: a host's partial
+would cross either rounded to 16 bits, a second rounding, or in float32, twice the bytes).
 The ledger books each call under its kind plus "_local" (inside the host) and "_cross".
 """
 
@@ -26,8 +30,15 @@ import numpy as np
 from mpi4py import MPI
 
 from zero_ref.comm.collectives import Comm
-from zero_ref.comm.hier_order import gathered_order, placement, two_level_bytes
+from zero_ref.comm.hier_order import (
+    common_placement,
+    gathered_order,
+    group_placement,
+    placement,
+    two_level_bytes,
+)
 from zero_ref.comm.in_flight import ChainedFlight
+from zero_ref.comm.nonblocking import check_bytes
 from zero_ref.comm.reduction import CROSS_HOP, LOCAL_HOP, words_of
 
 _F32 = np.dtype(np.float32)
@@ -47,12 +58,17 @@ def host_labels(mpi_comm: MPI.Comm, host_of: Callable[[int], int] | None = None)
 
 
 class HierarchicalComm(Comm):
-    """A Comm whose float gathers and float32 sums go in two levels (see the module)."""
+    """A Comm whose gathers and float32 sums go in two levels (see the module).
+    strict: a sub-group whose hosts hold different counts of its ranks is refused
+    (collectives "hierarchical") rather than left flat ("auto")."""
 
     def __init__(self, mpi_comm: MPI.Comm, reduction=None, check_schedule: bool = False,
-                 host_of: Callable[[int], int] | None = None, **kw) -> None:  # fmt: skip
+                 host_of: Callable[[int], int] | None = None, strict: bool = True,
+                 **kw) -> None:  # fmt: skip
         super().__init__(mpi_comm, reduction, check_schedule, **kw)
-        self.world_of = placement(host_labels(mpi_comm, host_of))  # (H, L); raises if unequal
+        self.labels = host_labels(mpi_comm, host_of)  # each rank's host, by this Comm's rank
+        self.world_of = placement(self.labels)  # (H, L); raises if unequal
+        self.strict = strict
         self.order = gathered_order(self.world_of)
         h, l = (int(x[0]) for x in np.nonzero(self.world_of == self.rank))
         self.host = mpi_comm.Split(h, self.rank)  # this host's ranks, world order
@@ -70,6 +86,30 @@ class HierarchicalComm(Comm):
         """Free the level communicators (a collective; the world's Comm stays)."""
         for level in (self.host, self.cross, *self.gather_levels, *self.sum_levels):
             level.Free()
+
+    def group_comm(self, split: MPI.Comm) -> Comm:
+        """The Comm of a sub-group split from this one (a collective over this Comm):
+        two-level when every group of the split has the same placement on the hosts with
+        more than one host and more than one rank on each (hier_order.common_placement;
+        one table, so the oracle mirrors all groups with it); flat otherwise, where a group
+        with one host or one rank a host sums in the same order anyway. Groups whose hosts
+        hold different counts, or placed differently, are refused when strict."""
+        members = split.allgather(self.rank)  # the group's ranks, as this Comm numbers them
+        labels = [self.labels[m] for m in members]
+        mine = group_placement(labels)
+        tables = self.mpi.allgather(mine)  # every group's, from each of its ranks
+        table, why = common_placement(tables)
+        if why and self.strict:
+            raise ValueError(
+                f"collectives 'hierarchical': {why} (hpZ's or hybrid sharding's groups of "
+                f"{split.Get_size()} ranks); give a group size that divides, or is a multiple "
+                "of, the ranks a host holds, or collectives 'auto' (those groups flat)"
+            )
+        if table is None:
+            return super().group_comm(split)
+        return HierarchicalComm(split, self.reduction, self.check_schedule,
+                                host_of=labels.__getitem__, strict=self.strict,
+                                arrays=self.arrays)  # fmt: skip
 
     def _levels(self, n: int, itemsize: int) -> tuple[int, int]:
         return two_level_bytes(n * itemsize, self.world_of)
@@ -92,6 +132,18 @@ class HierarchicalComm(Comm):
         """recv (W*n,) <- every rank's send (n,), in world-rank order, in two levels."""
         self._check(recv, send)
         self._agree("allgather", send.size, self.arrays.dtype_name(send))
+        self._gather(send, recv, kind)
+
+    def allgather_bytes(self, send, recv, kind: str = "allgather_int8") -> None:
+        """recv (W*n,) uint8 <- every rank's send (n,) uint8 (qwZ's payload and scales),
+        in world-rank order, in two levels."""
+        check_bytes(send, recv, self.size)
+        self.arrays.sync()
+        self._agree("allgather", send.size, "uint8")
+        self._gather(send, recv, kind)
+
+    def _gather(self, send, recv, kind: str) -> None:
+        """The two-level gather of checked buffers: across hosts, then inside the host."""
         mine, got, reorder = self._gather_levels(send, recv)
         within, across = self._levels(send.size, send.dtype.itemsize)
         xfer = lambda: self.cross.Allgather(words_of(send), words_of(mine))  # noqa: E731
@@ -114,6 +166,19 @@ class HierarchicalComm(Comm):
         when it is in (Comm.advance or the wait), the reorder at the end."""
         self._check(recv, send)
         self._agree("allgather", send.size, self.arrays.dtype_name(send))
+        return self._issue_gather(send, recv, kind, lane)
+
+    def iallgather_bytes(
+        self, send, recv, kind: str = "allgather_int8", lane: str = ""
+    ) -> ChainedFlight:
+        """allgather_bytes, issued as one flight (as iallgather)."""
+        check_bytes(send, recv, self.size)
+        self.arrays.sync()
+        self._agree("allgather", send.size, "uint8")
+        return self._issue_gather(send, recv, kind, lane)
+
+    def _issue_gather(self, send, recv, kind: str, lane: str) -> ChainedFlight:
+        """The two-level gather of checked buffers, issued: the cross-host level now."""
         mine, got, reorder = self._gather_levels(send, recv)
         within, across = self._levels(send.size, send.dtype.itemsize)
         self.ledger.record_issued(kind + CROSS_HOP, across, across)

@@ -210,24 +210,8 @@ class ZeroConfig:
         )
         for ok, name, value, allowed in _placement_rules(self):
             require(ok, name, value, allowed)
-        if self.overlap.collectives == "hierarchical" and self.groups_in_use():
-            raise ValueError(
-                f"collectives 'hierarchical' with {self.groups_in_use()}: not implemented "
-                "(their group collectives are flat); use collectives 'flat' or 'auto'"
-            )
         for ok, name, value, allowed in _zeropp_rules(self):
             require(ok, name, value, allowed)
-
-    def groups_in_use(self) -> str:
-        """The settings that give the engine group collectives or byte payloads that the
-        two-level collectives do not cover ("" when none)."""
-        used = [
-            ("hpz_partition_size", self.zeropp.hpz_partition_size != 1),
-            ("hybrid_shard_size", self.hybrid.shard_size is not None),
-            ("quantized_gradients", self.zeropp.quantized_gradients),
-            ("quantized_weights", self.zeropp.quantized_weights),
-        ]
-        return ", ".join(name for name, on in used if on)
 
     def flat(self) -> dict[str, Any]:
         """Every setting by its name (FLAT_NAMES), nested configs as dicts: what

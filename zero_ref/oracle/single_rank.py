@@ -50,7 +50,10 @@ zero_ref/engine/hybrid.py, at the accumulation boundary): acc = acc_0 + acc_1 + 
 
 With the two-level collectives (collectives "hierarchical", `hosts`: the placement table
 (H, L) of zero_ref/comm/hier_order.py) a float32 sum is each host's rows added in world-rank
-order, then the hosts' partials in host order (two_level_sum); 16-bit sums stay flat.
+order, then the hosts' partials in host order (two_level_sum); 16-bit sums stay flat. With
+hybrid sharding too, each shard group's sum and the replicas' float32 all-reduce take
+their groups' common two-level order where the groups span hosts (split_placement, the
+mirror of HierarchicalComm.group_comm), and rank order where they do not.
 
 The deterministic engine reproduces this bit for bit at every stage and world
 size; the fast engine agrees within the tolerance in docs/determinism.md.
@@ -65,7 +68,7 @@ from types import ModuleType
 
 import numpy as np
 
-from zero_ref.comm.hier_order import two_level_sum
+from zero_ref.comm.hier_order import split_placement, two_level_sum
 from zero_ref.config import AdamWConfig, ZeroConfig
 from zero_ref.formulas.memory import group_size_of
 from zero_ref.layout.buckets import bucket_plan
@@ -328,24 +331,40 @@ class Oracle:
         if size < 1 or world % size:
             raise ValueError(f"shard_size {size} does not divide the {world} ranks")
         group_accs = np.empty((world // size, self.params.size), np.float32)
+        shards, replicas = self._group_tables(world, size)
         for j, per_rank in enumerate(grads):
             rows = np.stack([self._flatten(g) for g in per_rank])  # (W, numel)
             rows = rounded(rounded(rows, self.grad_dtype), self.comm_dtype)  # stored, sent
             abs_sum += np.abs(rows).sum(axis=0)
             for g in range(world // size):
                 mine = rows[g * size : (g + 1) * size]  # qgZ inside the group, at G ranks
-                s_jg = rounded(self._summed(mine), self.grad_dtype)
+                s_jg = rounded(self._summed(mine, shards), self.grad_dtype)
                 group_accs[g] = s_jg if j == 0 else rounded(group_accs[g] + s_jg, self.grad_dtype)
-        return rounded(sum_in_rank_order(group_accs, np.empty_like(self.params)), self.grad_dtype)
+        out = np.empty_like(self.params)
+        if replicas is not None and self.grad_dtype == np.float32:  # the two-level all-reduce
+            return two_level_sum(group_accs, replicas, out)
+        return rounded(sum_in_rank_order(group_accs, out), self.grad_dtype)
 
-    def _summed(self, rows: np.ndarray) -> np.ndarray:
+    def _group_tables(self, world: int, size: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Hybrid sharding's two-level orders (None: rank order): the shard groups' (G
+        consecutive ranks) and the replica groups' (the ranks at one place in every
+        shard group), each their groups' common placement with the two-level collectives."""
+        if self.hosts is None:
+            return None, None
+        shards = [range(g * size, (g + 1) * size) for g in range(world // size)]
+        replicas = [range(i, world, size) for i in range(size)]
+        return split_placement(self.hosts, shards), split_placement(self.hosts, replicas)
+
+    def _summed(self, rows: np.ndarray, table: np.ndarray | None | str = "world") -> np.ndarray:
         """The float32 sum (not rounded) of the ranks' rows (W, numel) as the reduce-scatter
-        makes it: in rank order; with qgZ of what each destination dequantizes, in one hop
-        or two (groups of gradient_blocks.local_size ranks, partials requantized)."""
+        makes it: in rank order, or two levels in `table`'s order (default the world's
+        `hosts`); with qgZ of what each destination dequantizes, in one hop or two (groups
+        of gradient_blocks.local_size ranks, partials requantized)."""
         out = np.empty_like(self.params)
         gb, world = self.gradient_blocks, rows.shape[0]
-        if gb is None and self.hosts is not None and self.comm_dtype == np.float32:
-            return two_level_sum(rows, self.hosts, out)
+        hosts = self.hosts if isinstance(table, str) else table
+        if gb is None and hosts is not None and self.comm_dtype == np.float32:
+            return two_level_sum(rows, hosts, out)
         if gb is None:
             return sum_in_rank_order(rows, out)
         local = gb.local_size
