@@ -9,7 +9,8 @@ where the two-level sums change the order, not all of them the flat oracle's:
 - hybrid shard groups of 4 on 4 hosts of 2 (a shard group spans 2 hosts: its sums and
   gathers in two levels), stage 3 blocking and stage 1 overlapped;
 - hybrid shard groups of 2 on 2 hosts of 4 (each group inside a host; the replica
-  groups, 2 ranks a host, all-reduce in two levels), stage 2;
+  groups, 2 ranks a host, all-reduce in two levels), stage 2, in fp32 and in bf16
+  overlapped (the replicas' 16-bit partials cross rounded);
 - hpZ groups of 4 with qwZ on 4 hosts of 2, stage 3 overlapped (the secondary copy's
   gathers and qwZ's int8 gathers in two levels; gathers only move bytes);
 - shard groups of 4 on hosts holding 3 and 1 of a group's ranks: refused on every rank
@@ -24,7 +25,14 @@ from mpi_checks import run_checks
 
 from zero_ref.comm.hierarchical import HierarchicalComm
 from zero_ref.comm.reduction import OrderedReduction
-from zero_ref.config import AdamWConfig, HybridConfig, OverlapConfig, ZeroConfig, ZeroPPConfig
+from zero_ref.config import (
+    AdamWConfig,
+    HybridConfig,
+    MixedPrecisionConfig,
+    OverlapConfig,
+    ZeroConfig,
+    ZeroPPConfig,
+)
 from zero_ref.engine.ladder import make_engine
 from zero_ref.models.unit import init_params
 from zero_ref.oracle.single_rank import Oracle
@@ -39,7 +47,7 @@ UNEVEN = [0, 0, 1, 0, 1, 1, 0, 1].__getitem__  # 2 hosts of 4; ranks 0-3: 3 on o
 
 
 def same(a: dict, b: dict) -> bool:
-    return all(np.array_equal(a[k].view(np.uint32), b[k].view(np.uint32)) for k in a)
+    return all(a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes() for k in a)
 
 
 def config(stage: int, overlap: bool, collectives: str = "hierarchical", **groups) -> ZeroConfig:
@@ -66,8 +74,8 @@ def run_case(cfg: ZeroConfig, host_of) -> tuple[bool, bool, set[str]]:
         full = full_parameters(engine)
         two_level.model_step(model, inputs, targets)
         flat.model_step(model, inputs, targets)
-        ok &= same(full, two_level.model_parameters())
-        like_flat &= same(full, flat.model_parameters())
+        ok &= same(full, two_level.parameters())  # the master weights (16-bit too)
+        like_flat &= same(full, flat.parameters())
     kinds = set(comm.ledger.last_step())
     engine.close()
     comm.free()
@@ -80,6 +88,10 @@ CASES = [  # name, config, fake hosts, kinds the ledger must show, sums differ f
     ("hybrid 4 on 4x2, stage 1 overlapped", config(1, True, hybrid=HybridConfig(shard_size=4)),
      FOUR_BY_TWO, {"reduce_scatter_cross", "allgather_cross"}, True),
     ("hybrid 2 on 2x4, stage 2", config(2, False, hybrid=HybridConfig(shard_size=2)),
+     TWO_BY_FOUR, {"allreduce_hybrid", "reduce_scatter"}, True),
+    ("hybrid 2 on 2x4, stage 2, bf16",
+     config(2, True, hybrid=HybridConfig(shard_size=2),
+            mixed_precision=MixedPrecisionConfig(dtype="bf16")),
      TWO_BY_FOUR, {"allreduce_hybrid", "reduce_scatter"}, True),
     ("hpZ 4 + qwZ on 4x2, stage 3 overlapped",
      config(3, True, zeropp=ZeroPPConfig(hpz_partition_size=4, quantized_weights=True)),

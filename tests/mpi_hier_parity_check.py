@@ -6,7 +6,9 @@ COMM_TYPE_SHARED split finds, in whatever placement the launcher gave).
 Fake hosts on one machine (test-only host_of): 3 hosts of 2 in blocks and 2 hosts of 3
 placed cyclically; stages 0-3, overlap off and on, two steps of two micro-steps each; the
 full parameters bit for bit the oracle's with `hosts`, and (so the check can fail) not
-all of them the flat oracle's."""
+all of them the flat oracle's. Then the 16-bit sums (each host's partial crosses rounded
+to 16 bits): bf16 at every stage, overlap off and on, in blocks, and fp16 (loss scaling)
+at stages 0 and 3 cyclic; not all of them the flat oracle's either."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from mpi_checks import run_checks
 
 from zero_ref.comm.hierarchical import HierarchicalComm
 from zero_ref.comm.reduction import OrderedReduction
-from zero_ref.config import AdamWConfig, OverlapConfig, ZeroConfig
+from zero_ref.config import AdamWConfig, MixedPrecisionConfig, OverlapConfig, ZeroConfig
 from zero_ref.engine.ladder import make_engine
 from zero_ref.models.unit import init_params
 from zero_ref.oracle.single_rank import Oracle
@@ -36,13 +38,14 @@ if "--stages" in sys.argv:  # e.g. --stages 1,3: fewer cases for a larger job
 
 
 def same(a: dict, b: dict) -> bool:
-    return all(np.array_equal(a[k].view(np.uint32), b[k].view(np.uint32)) for k in a)
+    return all(a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes() for k in a)
 
 
-def run_case(stage: int, overlap: bool, host_of) -> tuple[bool, bool]:
+def run_case(stage: int, overlap: bool, host_of, precision: str = "fp32") -> tuple[bool, bool]:
     """(bitwise the two-level oracle at every step, bitwise the flat one at every step)."""
     cfg = ZeroConfig(stage=stage, bucket_numel=64, grad_accum=2, deterministic=True,
                      overlap=OverlapConfig(comm=overlap, collectives="hierarchical"),
+                     mixed_precision=MixedPrecisionConfig(dtype=precision),
                      optimizer=AdamWConfig(lr=1e-2, weight_decay=0.1))  # fmt: skip
     model = ReplayModel(UNITS)
     init = init_params(model, 3)
@@ -59,8 +62,8 @@ def run_case(stage: int, overlap: bool, host_of) -> tuple[bool, bool]:
         full = full_parameters(engine)
         two_level.model_step(model, inputs, targets)
         flat.model_step(model, inputs, targets)
-        ok &= same(full, two_level.model_parameters())
-        like_flat &= same(full, flat.model_parameters())
+        ok &= same(full, two_level.parameters())  # the master weights (16-bit too)
+        like_flat &= same(full, flat.parameters())
     engine.close()
     comm.free()
     return ok, like_flat
@@ -78,6 +81,24 @@ def checks() -> list[str]:
                     fails.append(f"{name} stage {stage} overlap {overlap}: not the oracle's")
     if all_like_flat:
         fails.append("every case also equals the flat oracle: the check cannot tell orders")
+    fails += sixteen_bit_checks()
+    return fails
+
+
+def sixteen_bit_checks() -> list[str]:
+    """bf16 in blocks at every stage, fp16 cyclic at stages 0 and 3 (fake hosts only)."""
+    if "--real-hosts" in sys.argv:
+        return []
+    fails, all_like_flat = [], True
+    cases = [("bf16", "3x2 blocks", s, o) for s in STAGES for o in (False, True)]
+    cases += [("fp16", "2x3 cyclic", s, True) for s in (0, 3) if s in STAGES]
+    for precision, name, stage, overlap in cases:
+        ok, like_flat = run_case(stage, overlap, PLACEMENTS[name], precision)
+        all_like_flat &= like_flat
+        if not ok:
+            fails.append(f"{precision} {name} stage {stage} overlap {overlap}: not the oracle's")
+    if cases and all_like_flat:
+        fails.append("16-bit: every case also equals the flat oracle: the check cannot tell")
     return fails
 
 

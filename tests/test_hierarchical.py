@@ -117,8 +117,9 @@ def test_two_level_collectives_over_fake_hosts():
 
 
 def test_every_stage_matches_the_oracles_two_level_order():
-    """6 ranks as 3x2 in blocks and 2x3 cyclic, stages 0-3, overlap off and on: the
-    parameters bit for bit the oracle's with `hosts`, and not all the flat oracle's."""
+    """6 ranks as 3x2 in blocks and 2x3 cyclic, stages 0-3, overlap off and on, then
+    bf16 and fp16 (16-bit sums, partials rounded as they cross): the parameters bit for
+    bit the oracle's with `hosts`, and not all the flat oracle's."""
     run_mpi_checks("mpi_hier_parity_check.py", 6)
 
 

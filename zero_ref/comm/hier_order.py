@@ -56,14 +56,20 @@ def two_level_bytes(n_block_bytes: int, world_of: np.ndarray) -> tuple[int, int]
     return (local - 1) * hosts * n_block_bytes, (hosts - 1) * n_block_bytes
 
 
-def two_level_sum(rows: np.ndarray, world_of: np.ndarray, out: np.ndarray) -> np.ndarray:
+def two_level_sum(
+    rows: np.ndarray, world_of: np.ndarray, out: np.ndarray, partial_dtype=None
+) -> np.ndarray:
     """The deterministic two-level sum (the oracle's mirror): each host's rows (W, n)
-    added in its world-rank order, then the hosts' partials in host order, float32."""
+    added in its world-rank order, then the hosts' partials in host order, float32.
+    partial_dtype (16-bit sums): each host's partial rounded to it before it crosses."""
+    from zero_ref.numerics.dtypes import rounded
     from zero_ref.numerics.rank_order import sum_in_rank_order
 
     partials = np.stack(
         [sum_in_rank_order(rows[list(ranks)], np.empty_like(out)) for ranks in world_of]
     )
+    if partial_dtype is not None:
+        partials = rounded(partials, partial_dtype)
     return sum_in_rank_order(partials, out)
 
 

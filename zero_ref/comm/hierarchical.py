@@ -17,8 +17,11 @@ itself spans hosts.
 Deterministic mode: each level is the OrderedReduction (an Alltoall, then a sum in rank
 order), so the sum is the host's rows in world-rank order, then the hosts' partials in
 host order -- the oracle's two-level order (Oracle `hosts`, docs/multihost.md). Fast mode:
-MPI's sum at each level. 16-bit sums stay flat (the Comm's own calls: a host's partial
-would cross either rounded to 16 bits, a second rounding, or in float32, twice the bytes).
+MPI's sum at each level. 16-bit sums (reduction.sum_16bit_words at each level, the
+same in both modes) add each host's rows in float32 in world-rank order and round that
+partial to the 16 bits it crosses in (the least bytes; float32 partials would double
+them), then add the hosts' partials in float32 in host order and round once: the oracle's
+two-level order with that one extra rounding.
 The ledger books each call under its kind plus "_local" (inside the host) and "_cross".
 """
 
@@ -39,7 +42,13 @@ from zero_ref.comm.hier_order import (
 )
 from zero_ref.comm.in_flight import ChainedFlight
 from zero_ref.comm.nonblocking import check_bytes
-from zero_ref.comm.reduction import CROSS_HOP, LOCAL_HOP, words_of
+from zero_ref.comm.reduction import (
+    CROSS_HOP,
+    LOCAL_HOP,
+    isum_16bit_words,
+    sum_16bit_words,
+    words_of,
+)
 
 _F32 = np.dtype(np.float32)
 
@@ -203,49 +212,55 @@ class HierarchicalComm(Comm):
     # ---- the reduce-scatter: inside the host, then across hosts
     def _staged(self, send) -> tuple[np.ndarray, np.ndarray]:
         """send's W destination blocks in the host level's order (block l H + h: world
-        destination world_of[h, l]), and the host partial's (H n,) temporary."""
+        destination world_of[h, l]), in send's dtype, and the host partial's (H n,)
+        temporary: float32, or send's 16 bits (the partial crosses rounded to them)."""
         n = send.size // self.size
-        staged = self.arrays.temporary(send.size, _F32)
+        staged = self.arrays.temporary(send.size, send.dtype)
         np.take(send.reshape(self.size, n), self.order, axis=0, out=staged.reshape(self.size, n))
-        return staged, self.arrays.temporary(self.world_of.shape[0] * n, _F32)
+        return staged, self.arrays.temporary(self.world_of.shape[0] * n, send.dtype)
 
     def _reduce_scatter(self, send, recv) -> None:
-        if send.dtype != _F32:
-            return super()._reduce_scatter(send, recv)  # 16-bit words: the flat rank-order sum
-        self._agree("reduce_scatter", recv.size, "float32")
+        self._agree("reduce_scatter", recv.size, self.arrays.dtype_name(send))
         staged, partial = self._staged(send)
-        total = recv if recv.dtype == _F32 else self.arrays.temporary(recv.size, _F32)
-        within, across = self._levels(recv.size, 4)
-        red, arrays = self.reduction, self.arrays
-        hop1 = lambda: red.reduce_scatter(self.host, staged, partial, arrays)  # noqa: E731
+        within, across = self._levels(recv.size, send.dtype.itemsize)
+        if send.dtype != _F32:  # 16-bit words: each level an Alltoall and a rank-order sum
+            arrays = self.arrays
+            hop1 = lambda: sum_16bit_words(self.host, staged, partial, arrays)  # noqa: E731
+            hop2 = lambda: sum_16bit_words(self.cross, partial, recv, arrays)  # noqa: E731
+        else:
+            total = recv if recv.dtype == _F32 else self.arrays.temporary(recv.size, _F32)
+            red, arrays = self.reduction, self.arrays
+            hop1 = lambda: red.reduce_scatter(self.host, staged, partial, arrays)  # noqa: E731
+
+            def hop2() -> None:
+                red.reduce_scatter(self.cross, partial, total, arrays)
+                if total is not recv:
+                    arrays.round_into(recv, total)
+
         self.ledger.run("reduce_scatter" + LOCAL_HOP, within, within, hop1)
-        hop2 = lambda: red.reduce_scatter(self.cross, partial, total, arrays)  # noqa: E731
         self.ledger.run("reduce_scatter" + CROSS_HOP, across, across, hop2)
-        if total is not recv:
-            arrays.round_into(recv, total)
-        return None
 
     def ireduce_scatter_sum(self, send, recv, lane: str = ""):
         """reduce_scatter_sum, issued as one flight: the host level now, the cross level
         when its partials are summed (Comm.advance or the wait)."""
-        if send.dtype != _F32:
-            return super().ireduce_scatter_sum(send, recv, lane)
         self._check(send, recv, same_dtype=False)
-        self._agree("reduce_scatter", recv.size, "float32")
+        self._agree("reduce_scatter", recv.size, self.arrays.dtype_name(send))
         staged, partial = self._staged(send)
-        total = recv if recv.dtype == _F32 else self.arrays.temporary(recv.size, _F32)
-        within, across = self._levels(recv.size, 4)
-        red, arrays = self.reduction, self.arrays
+        words = send.dtype != _F32
+        total = recv if words or recv.dtype == _F32 else self.arrays.temporary(recv.size, _F32)
+        within, across = self._levels(recv.size, send.dtype.itemsize)
+        arrays = self.arrays
+        sums = (isum_16bit_words,) * 2 if words else (self.reduction.ireduce_scatter,) * 2
         self.ledger.record_issued("reduce_scatter" + LOCAL_HOP, within, within)
         host, cross = self.sum_levels
-        request, summed, keep1 = red.ireduce_scatter(host, staged, partial, arrays)
+        request, summed, keep1 = sums[0](host, staged, partial, arrays)
         state: dict = {}
 
         def second() -> MPI.Request:
             if summed is not None:
                 summed()  # the host's partials, in local rank order
             self.ledger.record_issued("reduce_scatter" + CROSS_HOP, across, across)
-            req, state["summed"], state["keep"] = red.ireduce_scatter(cross, partial, total, arrays)
+            req, state["summed"], state["keep"] = sums[1](cross, partial, total, arrays)
             return req
 
         def finish() -> None:
@@ -261,7 +276,8 @@ class HierarchicalComm(Comm):
 
     def allreduce_sum(self, buf) -> None:
         """Deterministic float32: the two-level reduce-scatter, then the two-level gather
-        (the oracle's order); fast mode: MPI's Allreduce (MPICH's is node-aware already)."""
+        (the oracle's order); fast mode: MPI's Allreduce (MPICH's is node-aware already).
+        16-bit: the Comm's reduce-scatter and gather of the words, both two-level here."""
         if buf.dtype != _F32 or not self.reduction.deterministic:
             return super().allreduce_sum(buf)
         self._check(buf)

@@ -50,7 +50,8 @@ zero_ref/engine/hybrid.py, at the accumulation boundary): acc = acc_0 + acc_1 + 
 
 With the two-level collectives (collectives "hierarchical", `hosts`: the placement table
 (H, L) of zero_ref/comm/hier_order.py) a float32 sum is each host's rows added in world-rank
-order, then the hosts' partials in host order (two_level_sum); 16-bit sums stay flat. With
+order, then the hosts' partials in host order (two_level_sum); a 16-bit sum rounds each
+host's partial to its 16 bits before the hosts' are added (what crosses). With
 hybrid sharding too, each shard group's sum and the replicas' float32 all-reduce take
 their groups' common two-level order where the groups span hosts (split_placement, the
 mirror of HierarchicalComm.group_comm), and rank order where they do not.
@@ -341,8 +342,9 @@ class Oracle:
                 s_jg = rounded(self._summed(mine, shards), self.grad_dtype)
                 group_accs[g] = s_jg if j == 0 else rounded(group_accs[g] + s_jg, self.grad_dtype)
         out = np.empty_like(self.params)
-        if replicas is not None and self.grad_dtype == np.float32:  # the two-level all-reduce
-            return two_level_sum(group_accs, replicas, out)
+        if replicas is not None:  # the two-level all-reduce (16-bit: partials rounded)
+            partial = None if self.grad_dtype == np.float32 else self.grad_dtype
+            return rounded(two_level_sum(group_accs, replicas, out, partial), self.grad_dtype)
         return rounded(sum_in_rank_order(group_accs, out), self.grad_dtype)
 
     def _group_tables(self, world: int, size: int) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -363,8 +365,9 @@ class Oracle:
         out = np.empty_like(self.params)
         gb, world = self.gradient_blocks, rows.shape[0]
         hosts = self.hosts if isinstance(table, str) else table
-        if gb is None and hosts is not None and self.comm_dtype == np.float32:
-            return two_level_sum(rows, hosts, out)
+        if gb is None and hosts is not None:  # 16-bit: each host's partial crosses rounded
+            partial = None if self.comm_dtype == np.float32 else self.comm_dtype
+            return two_level_sum(rows, hosts, out, partial)
         if gb is None:
             return sum_in_rank_order(rows, out)
         local = gb.local_size
