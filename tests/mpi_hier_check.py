@@ -1,9 +1,12 @@
 """The two-level collectives against their definitions; run by tests/test_hierarchical.py
 as `mpirun -n 6 python tests/mpi_hier_check.py`. Fake hosts on one machine (test-only
-host_of): 3 hosts of 2 in blocks, 2 hosts of 3 placed cyclically, 6 hosts of 1, one host.
+host_of): 3 hosts of 2 in blocks, 2 hosts of 3 placed cyclically, 6 hosts of 1, one host,
+and hosts of unequal sizes (3, 2 and 1 in blocks; 4 and 2 interleaved: the owners' scheme
+of zero_ref/comm/hierarchical_uneven.py).
 For each: the all-gather (blocking, in place, issued) equals world order; the
 deterministic reduce-scatter and all-reduce equal two_level_sum bit for bit (the
-oracle's order), issued and blocking alike; fast mode within rounding; ledger bytes."""
+oracle's order), issued and blocking alike; fast mode within rounding; ledger bytes, and
+each host's cross-host blocks the least (every other host's data once)."""
 
 from __future__ import annotations
 
@@ -13,9 +16,11 @@ import numpy as np
 from mpi4py import MPI
 from mpi_checks import run_checks
 
-from zero_ref.comm.hier_order import two_level_sum
+from zero_ref.comm.hier_order import hosts_of, two_level_sum
 from zero_ref.comm.hierarchical import HierarchicalComm
+from zero_ref.comm.hierarchical_uneven import UnevenHierarchicalComm
 from zero_ref.comm.reduction import MPIReduction, OrderedReduction
+from zero_ref.comm.two_level import two_level_comm
 
 WORLD = MPI.COMM_WORLD
 PLACEMENTS = {
@@ -23,6 +28,8 @@ PLACEMENTS = {
     "2 hosts of 3, cyclic": lambda r: r % 2,
     "one rank a host": lambda r: r,
     "one host": lambda r: 0,
+    "hosts of 3, 2 and 1": [0, 0, 0, 1, 1, 2].__getitem__,
+    "hosts of 4 and 2, interleaved": [0, 1, 0, 0, 1, 0].__getitem__,
 }
 
 
@@ -36,7 +43,10 @@ def rows_of(n: int, seed: int) -> np.ndarray:
 
 def check_placement(name: str, host_of) -> list[str]:
     fails: list[str] = []
-    comm = HierarchicalComm(WORLD, OrderedReduction(), host_of=host_of)
+    comm = two_level_comm(WORLD, OrderedReduction(), host_of=host_of)
+    uneven = len({len(g) for g in hosts_of([host_of(r) for r in range(WORLD.size)])}) > 1
+    if uneven != isinstance(comm, UnevenHierarchicalComm):
+        fails.append(f"{name}: two_level_comm chose {type(comm).__name__}")
     rank, world, n = comm.rank, comm.size, 7
     sends = rows_of(n, 1)
     by_dest = sends.reshape(world, world, n)  # [source, destination]
@@ -75,13 +85,15 @@ def check_placement(name: str, host_of) -> list[str]:
     comm.allgather_in_place(half)
     if not np.array_equal(half, want.astype(np.float16)):
         fails.append(f"{name}: rank {rank} fp16 allgather")
-    hosts, local = comm.world_of.shape
     totals = comm.ledger.end_step()
     cross = totals.get("allgather_cross", {}).get("sent_bytes", 0)
-    # four float32 gathers (allgather, iallgather, in place, allreduce's) and one fp16 one
-    if cross != (4 * 4 + 2) * (hosts - 1) * n:
-        fails.append(f"{name}: rank {rank} allgather_cross bytes {cross}")
-    fast = HierarchicalComm(WORLD, MPIReduction(), host_of=host_of)
+    # four float32 gathers (allgather, iallgather, in place, allreduce's) and one fp16
+    # one; a host's ranks together take each other host's blocks once
+    blocks = WORLD.allgather(cross / ((4 * 4 + 2) * n))  # each rank's, on every rank
+    host = next(g for g in hosts_of([host_of(r) for r in range(world)]) if rank in g)
+    if sum(blocks[r] for r in host) != world - len(host):
+        fails.append(f"{name}: rank {rank} allgather_cross bytes {cross}, not the least")
+    fast = two_level_comm(WORLD, MPIReduction(), host_of=host_of)
     quick = np.empty(n, np.float32)
     fast.reduce_scatter_sum(sends[rank].copy(), quick)
     if not np.allclose(quick, expected, rtol=1e-5, atol=1e-3):

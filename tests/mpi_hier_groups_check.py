@@ -13,8 +13,11 @@ where the two-level sums change the order, not all of them the flat oracle's:
   overlapped (the replicas' 16-bit partials cross rounded);
 - hpZ groups of 4 with qwZ on 4 hosts of 2, stage 3 overlapped (the secondary copy's
   gathers and qwZ's int8 gathers in two levels; gathers only move bytes);
-- shard groups of 4 on hosts holding 3 and 1 of a group's ranks: refused on every rank
-  with collectives 'hierarchical', flat groups (and a two-level world) with 'auto'.
+- shard groups of 4 on hosts holding 3 and 1 of a group's ranks (each group alike): two
+  levels over hosts of unequal sizes;
+- shard groups placed differently on the hosts (one 2 + 2 in blocks, the other
+  interleaved): refused on every rank with collectives 'hierarchical', flat groups (and a
+  two-level world) with 'auto'.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ import numpy as np
 from mpi4py import MPI
 from mpi_checks import run_checks
 
-from zero_ref.comm.hierarchical import HierarchicalComm
 from zero_ref.comm.reduction import OrderedReduction
+from zero_ref.comm.two_level import two_level_comm
 from zero_ref.config import (
     AdamWConfig,
     HybridConfig,
@@ -44,6 +47,7 @@ UNITS = [("u0", [("w", (37, 5))]), ("u1", [("w", (9,)), ("b", (4, 4))]), ("u2", 
 FOUR_BY_TWO = lambda r: r // 2  # noqa: E731
 TWO_BY_FOUR = lambda r: r // 4  # noqa: E731
 UNEVEN = [0, 0, 1, 0, 1, 1, 0, 1].__getitem__  # 2 hosts of 4; ranks 0-3: 3 on one host
+UNLIKE = [0, 0, 1, 1, 0, 1, 0, 1].__getitem__  # ranks 0-3 two a host in blocks, 4-7 not
 
 
 def same(a: dict, b: dict) -> bool:
@@ -62,7 +66,7 @@ def run_case(cfg: ZeroConfig, host_of) -> tuple[bool, bool, set[str]]:
     model = ReplayModel(UNITS)
     init = init_params(model, 3)
     strict = cfg.overlap.collectives == "hierarchical"
-    comm = HierarchicalComm(WORLD, OrderedReduction(), host_of=host_of, strict=strict)
+    comm = two_level_comm(WORLD, OrderedReduction(), host_of=host_of, strict=strict)
     engine = make_engine(model, init, cfg, comm)
     two_level = Oracle.for_config(init, cfg, model, hosts=comm.world_of)
     flat = Oracle.for_config(init, cfg, model)
@@ -97,17 +101,19 @@ CASES = [  # name, config, fake hosts, kinds the ledger must show, sums differ f
      config(3, True, zeropp=ZeroPPConfig(hpz_partition_size=4, quantized_weights=True)),
      FOUR_BY_TWO, {"allgather_hpz_cross", "allgather_int8_cross", "reduce_scatter_cross"},
      True),
-    ("uneven groups, auto: flat groups",
+    ("groups of 3 + 1 a host, stage 3", config(3, True, hybrid=HybridConfig(shard_size=4)),
+     UNEVEN, {"reduce_scatter_cross", "allgather_cross"}, True),
+    ("groups placed unlike, auto: flat groups",
      config(3, False, "auto", hybrid=HybridConfig(shard_size=4)),
-     UNEVEN, {"reduce_scatter", "allgather"}, False),
+     UNLIKE, {"reduce_scatter", "allgather"}, False),
 ]  # fmt: skip
 
 
 def refused_on_every_rank() -> str | None:
-    """Shard groups of 4 whose hosts hold 3 and 1 of them, collectives 'hierarchical'."""
+    """Shard groups placed unlike on the hosts, collectives 'hierarchical'."""
     cfg = config(3, False, hybrid=HybridConfig(shard_size=4))
     model = ReplayModel(UNITS)
-    comm = HierarchicalComm(WORLD, OrderedReduction(), host_of=UNEVEN)
+    comm = two_level_comm(WORLD, OrderedReduction(), host_of=UNLIKE)
     try:
         make_engine(model, init_params(model, 3), cfg, comm)
     except ValueError as e:
@@ -115,8 +121,8 @@ def refused_on_every_rank() -> str | None:
     else:
         said = ""
     comm.free()
-    if "different counts" not in said or "collectives 'auto'" not in said:
-        return f"uneven groups, hierarchical: not refused as it should be ({said!r})"
+    if "placed differently" not in said or "collectives 'auto'" not in said:
+        return f"groups placed unlike, hierarchical: not refused as it should be ({said!r})"
     return None
 
 

@@ -3,12 +3,13 @@ tests/test_hierarchical.py as `mpirun -n 6 python tests/mpi_hier_parity_check.py
 tests/test_netns_hier.py across namespace hosts with `--real-hosts` (the hosts MPI's
 COMM_TYPE_SHARED split finds, in whatever placement the launcher gave).
 
-Fake hosts on one machine (test-only host_of): 3 hosts of 2 in blocks and 2 hosts of 3
-placed cyclically; stages 0-3, overlap off and on, two steps of two micro-steps each; the
-full parameters bit for bit the oracle's with `hosts`, and (so the check can fail) not
-all of them the flat oracle's. Then the 16-bit sums (each host's partial crosses rounded
-to 16 bits): bf16 at every stage, overlap off and on, in blocks, and fp16 (loss scaling)
-at stages 0 and 3 cyclic; not all of them the flat oracle's either."""
+Fake hosts on one machine (test-only host_of): 3 hosts of 2 in blocks, 2 hosts of 3
+placed cyclically, and hosts of 4 and 2 interleaved (unequal); stages 0-3, overlap off
+and on, two steps of two micro-steps each; the full parameters bit for bit the oracle's
+with `hosts`, and (so the check can fail) not all of them the flat oracle's. Then the
+16-bit sums (each host's partial crosses rounded to 16 bits): bf16 at every stage,
+overlap off and on, in blocks, and fp16 (loss scaling) at stages 0 and 3 cyclic; not all
+of them the flat oracle's either."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ import numpy as np
 from mpi4py import MPI
 from mpi_checks import run_checks
 
-from zero_ref.comm.hierarchical import HierarchicalComm
 from zero_ref.comm.reduction import OrderedReduction
+from zero_ref.comm.two_level import two_level_comm
 from zero_ref.config import AdamWConfig, MixedPrecisionConfig, OverlapConfig, ZeroConfig
 from zero_ref.engine.ladder import make_engine
 from zero_ref.models.unit import init_params
@@ -29,7 +30,11 @@ from zero_ref.testing.replay import ReplayModel
 
 WORLD = MPI.COMM_WORLD
 UNITS = [("u0", [("w", (37, 5))]), ("u1", [("w", (9,)), ("b", (4, 4))]), ("u2", [("w", (30,))])]
-PLACEMENTS = {"3x2 blocks": lambda r: r // 2, "2x3 cyclic": lambda r: r % 2}
+PLACEMENTS = {
+    "3x2 blocks": lambda r: r // 2,
+    "2x3 cyclic": lambda r: r % 2,
+    "4+2 interleaved": [0, 1, 0, 0, 1, 0].__getitem__,
+}
 STAGES = range(4)
 if "--real-hosts" in sys.argv:
     PLACEMENTS = {"real hosts": None}
@@ -49,7 +54,7 @@ def run_case(stage: int, overlap: bool, host_of, precision: str = "fp32") -> tup
                      optimizer=AdamWConfig(lr=1e-2, weight_decay=0.1))  # fmt: skip
     model = ReplayModel(UNITS)
     init = init_params(model, 3)
-    comm = HierarchicalComm(WORLD, OrderedReduction(), host_of=host_of)
+    comm = two_level_comm(WORLD, OrderedReduction(), host_of=host_of)
     engine = make_engine(model, init, cfg, comm)
     two_level = Oracle.for_config(init, cfg, model)
     two_level.hosts = comm.world_of

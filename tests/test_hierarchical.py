@@ -15,11 +15,13 @@ from zero_ref.comm import choose
 from zero_ref.comm.hier_order import (
     common_placement,
     gathered_order,
-    group_placement,
+    hosts_of,
+    owner_table,
     placement,
     spans_hosts,
     split_placement,
     two_level_bytes,
+    two_level_sum,
 )
 from zero_ref.config import HybridConfig, OverlapConfig, ZeroConfig, ZeroPPConfig
 
@@ -27,8 +29,10 @@ from zero_ref.config import HybridConfig, OverlapConfig, ZeroConfig, ZeroPPConfi
 def test_placement_orders_hosts_by_lowest_rank_and_refuses_unequal_hosts():
     assert placement([0, 0, 1, 1]).tolist() == [[0, 1], [2, 3]]
     assert placement([7, 3, 7, 3]).tolist() == [[0, 2], [1, 3]]  # cyclic, labels arbitrary
-    with pytest.raises(ValueError, match="between 1 and 3 ranks.*'flat'"):
+    with pytest.raises(ValueError, match="between 1 and 3 ranks.*two_level_comm"):
         placement([0, 0, 0, 1])
+    assert hosts_of([0, 0, 0, 1]) == [[0, 1, 2], [3]]
+    assert hosts_of([5, 2, 5, 5]) == [[0, 2, 3], [1]]  # hosts by lowest rank, any labels
 
 
 def test_gathered_order_maps_the_hosts_gather_to_world_order():
@@ -73,21 +77,40 @@ def test_the_setting_resolves_on_one_host(value, two_level):
 
 def test_groups_share_one_two_level_order_or_go_flat():
     """hier_order.common_placement: a split's groups go two-level together, with one
-    table (the oracle's), only where it spans hosts; uneven or differing groups say why."""
-    two_by_two = placement([0, 0, 1, 1])
-    assert np.array_equal(common_placement([two_by_two, two_by_two.copy()])[0], two_by_two)
-    assert common_placement([placement([0, 0]), placement([1, 1])]) == (None, "")  # one host
-    assert common_placement([placement([0, 1]), placement([1, 0])]) == (None, "")  # 1 a host
-    assert group_placement([0, 0, 1]) is None
-    assert "different counts" in common_placement([two_by_two, None])[1]
-    cyclic = placement([0, 1, 0, 1])
+    placement (the oracle's), only where it spans hosts; differing groups say why."""
+    two_by_two = hosts_of([0, 0, 1, 1])
+    assert common_placement([two_by_two, hosts_of([7, 7, 3, 3])]) == (two_by_two, "")
+    assert common_placement([hosts_of([0, 0]), hosts_of([1, 1])]) == (None, "")  # one host
+    assert common_placement([hosts_of([0, 1]), hosts_of([1, 0])]) == (None, "")  # 1 a host
+    three_one = hosts_of([0, 0, 1, 0])
+    assert common_placement([three_one, three_one]) == (three_one, "")  # unequal hosts too
+    cyclic = hosts_of([0, 1, 0, 1])
     assert "placed differently" in common_placement([two_by_two, cyclic])[1]
     world_of = placement([r // 2 for r in range(8)])  # 4 hosts of 2, in blocks
     shards = [range(0, 4), range(4, 8)]
-    assert split_placement(world_of, shards).tolist() == [[0, 1], [2, 3]]
+    assert split_placement(world_of, shards) == [[0, 1], [2, 3]]
     assert split_placement(world_of, [range(i, 8, 4) for i in range(4)]) is None  # 1 a host
-    uneven = placement([0, 0, 1, 0, 1, 1, 0, 1])
-    assert split_placement(uneven, shards) is None
+    uneven = hosts_of([0, 0, 1, 0, 1, 1, 0, 1])
+    assert split_placement(uneven, shards) == [[0, 1, 3], [2]]
+    assert split_placement(hosts_of([0, 0, 1, 1, 0, 1, 0, 1]), shards) is None  # unlike
+
+
+def test_owners_hand_each_host_the_others_data_once():
+    """owner_table: with equal hosts the rank at the destination's index (HierarchicalComm's
+    cross level); with unequal ones a destination's own rank on its host, else the rank at
+    its index modulo the host's count: each destination one owner a host, so a host
+    takes every other host's blocks once, and the sums keep two_level_sum's order."""
+    equal = owner_table(hosts_of([0, 0, 1, 1]))
+    assert equal.tolist() == [[0, 1, 0, 1], [2, 3, 2, 3]]
+    hosts = hosts_of([0, 1, 0, 0, 1, 0])  # hosts of 4 (ranks 0, 2, 3, 5) and 2 (1, 4)
+    owners = owner_table(hosts)
+    assert owners.tolist() == [[0, 0, 2, 3, 2, 5], [1, 1, 4, 1, 4, 4]]
+    for h, ranks in enumerate(hosts):
+        assert set(owners[h]) <= set(ranks)  # a host's owners are its own ranks
+        assert all(owners[h, d] == d for d in ranks)
+    rows = np.arange(6 * 3, dtype=np.float32).reshape(6, 3) * np.float32(0.1)
+    want = (rows[0] + rows[2] + rows[3] + rows[5]) + (rows[1] + rows[4])
+    assert np.array_equal(two_level_sum(rows, hosts, np.empty(3, np.float32)), want)
 
 
 class _FakeTwoLevel:

@@ -6,8 +6,10 @@ cannot be made the tests skip and say why.
 - 2 hosts x 2 ranks, in blocks and cyclic, and 3 hosts x 2 ranks in blocks: every stage,
   overlap off and on, bit for bit the oracle's two-level order
   (tests/mpi_hier_parity_check.py --real-hosts);
-- unequal hosts (2 + 1 ranks): `hierarchical` is refused with the counts, `auto` says it
-  runs flat and stays bitwise the flat oracle (--check-oracle);
+- unequal hosts: 2 + 1 ranks, `hierarchical` and `auto` both two-level (the owners'
+  scheme, zero_ref/comm/hierarchical_uneven.py), each step bitwise its oracle
+  (--check-oracle); 2 + 1 + 2 ranks on three hosts, every stage, overlap off and on
+  (tests/mpi_hier_parity_check.py --real-hosts);
 - a checkpoint saved with the two-level collectives in blocks resumes in cyclic
   placement, and reshards onto 2 ranks of one host, each step bitwise its oracle;
 - groups that span the hosts (hpZ's with qwZ; a hybrid shard group asked for by a
@@ -89,15 +91,16 @@ def test_three_hosts_are_the_two_level_oracle(three_hosts):
     passed(mpiexec(p, f"{p}h1:2,{p}h2:2,{p}h3:2", 6, PARITY), 6)
 
 
-def test_unequal_hosts_refuse_hierarchical_and_auto_runs_flat(two_hosts, tmp_path):
-    p, hosts = two_hosts, f"{two_hosts}h1:2,{two_hosts}h2:1"
-    refused = train(p, hosts, 3, "--stage", "3", "--steps", "2", "--collectives", "hierarchical")
-    assert refused.returncode != 0
-    said = refused.stdout + refused.stderr
-    assert "hosts hold between 1 and 2 ranks; it needs the same number" in said, said[-3000:]
-    auto = train(p, hosts, 3, "--stage", "3", "--steps", "3", "--check-oracle")
-    assert auto.returncode == 0, (auto.stdout + auto.stderr)[-3000:]
-    assert "collectives auto: hosts hold different numbers of ranks; flat" in auto.stdout
+def test_unequal_hosts_go_two_level(two_hosts, three_hosts, tmp_path):
+    p, log = two_hosts, tmp_path / "log.jsonl"
+    hosts = f"{p}h1:2,{p}h2:1"
+    for collectives in ("hierarchical", "auto"):
+        done = train(p, hosts, 3, "--stage", "3", "--steps", "3", "--collectives",
+                     collectives, "--check-oracle", "--log-jsonl", log)  # fmt: skip
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        assert "reduce_scatter_cross" in last_kinds(log), last_kinds(log)
+    q = three_hosts
+    passed(mpiexec(q, f"{q}h1:2,{q}h2:1,{q}h3:2", 5, PARITY), 5)
 
 
 def test_a_checkpoint_moves_between_placements(two_hosts, tmp_path):

@@ -222,7 +222,7 @@ OVERLAP = (
     Setting("collectives", "overlap", "all-gather and reduce-scatter: flat (MPI's), "
             "hierarchical (inside each host, then across hosts: each byte crosses the link "
             "once; hpZ's and hybrid sharding's groups too where they span hosts) or auto "
-            "(hierarchical on more than one host with more than one rank on each)",
+            "(hierarchical on more than one host with more than one rank on some host)",
             choices=COLLECTIVES, ds=(ZO + "mics_hierarchical_params_gather",),
             ds_parse=dv.hierarchical_gather, feeds=OV + "collectives"),
     Setting("prefetch_numel", "overlap", "stage 3 with --overlap-comm: elements of upcoming "

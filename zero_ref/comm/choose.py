@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING
 from mpi4py import MPI
 
 from zero_ref.comm.collectives import Comm
-from zero_ref.comm.hier_order import placement, spans_hosts
+from zero_ref.comm.hier_order import hosts_of, spans_hosts
 from zero_ref.comm.hierarchical import HierarchicalComm, host_labels
 from zero_ref.comm.reduction import MPIReduction, OrderedReduction
+from zero_ref.comm.two_level import two_level_comm
 from zero_ref.config import ZeroConfig
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ def comm_for(mpi_comm: MPI.Comm, cfg: ZeroConfig) -> Comm:
     reduction = OrderedReduction() if cfg.deterministic else MPIReduction()
     if use_hierarchical(mpi_comm, cfg):  # two-level gathers and sums (docs/multihost.md)
         strict = cfg.overlap.collectives == "hierarchical"  # else a group may stay flat
-        comm = HierarchicalComm(mpi_comm, reduction, cfg.check_schedule, strict=strict)
+        comm = two_level_comm(mpi_comm, reduction, cfg.check_schedule, strict=strict)
     else:
         comm = Comm(mpi_comm, reduction, check_schedule=cfg.check_schedule)
     if cfg.device == "gpu":  # collectives on device arrays (docs/gpu.md)
@@ -38,24 +39,15 @@ def comm_for(mpi_comm: MPI.Comm, cfg: ZeroConfig) -> Comm:
 
 
 def use_hierarchical(mpi_comm: MPI.Comm, cfg: ZeroConfig, host_of=None) -> bool:
-    """cfg.overlap.collectives resolved (a collective): "flat" no, "hierarchical" yes (refused
-    when the hosts hold different numbers of ranks), "auto" yes when the job spans more
-    than one host with more than one rank on each, as many on every host; otherwise flat
-    (rank 0 says why, once). hpZ's and hybrid sharding's groups follow the world's Comm
-    (HierarchicalComm.group_comm); qgZ's hops are its own."""
+    """cfg.overlap.collectives resolved (a collective): "flat" no, "hierarchical" yes,
+    "auto" yes when the job spans more than one host with more than one rank on some
+    host (hosts of any sizes: two_level_comm picks the Comm for them). hpZ's and hybrid
+    sharding's groups follow the world's Comm (two_level.group_comm); qgZ's hops
+    are its own."""
     collectives = cfg.overlap.collectives
     if collectives == "flat":
         return False
-    labels = host_labels(mpi_comm, host_of)
-    if collectives == "hierarchical":
-        placement(labels)  # the ValueError for unequal hosts, on every rank
-        return True
-    try:
-        return spans_hosts(placement(labels))
-    except ValueError:
-        if mpi_comm.Get_rank() == 0:
-            print("collectives auto: hosts hold different numbers of ranks; flat", flush=True)
-        return False
+    return collectives == "hierarchical" or spans_hosts(hosts_of(host_labels(mpi_comm, host_of)))
 
 
 def world_comm(cfg: ZeroConfig) -> Comm:

@@ -98,8 +98,8 @@ class Comm(NonBlockingCollectives):
     def group_comm(self, split: MPI.Comm) -> Comm:
         """The Comm of a sub-group split from this one (hpZ's partition group, hybrid
         sharding's groups: zero_ref/comm/groups.py): flat, with this Comm's reduction
-        policy, schedule checking and arrays (HierarchicalComm's is two-level where the
-        group spans hosts)."""
+        policy, schedule checking and arrays (zero_ref/comm/two_level.py group_comm makes
+        a two-level Comm's groups two-level where they span hosts)."""
         return Comm(split, self.reduction, self.check_schedule, self.arrays)
 
     def track_memory(self, memory) -> None:

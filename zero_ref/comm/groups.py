@@ -15,7 +15,7 @@ host. A rank's place in its group is its rank in the group Comm (the world's ord
 The group Comm keeps the engine Comm's reduction policy, schedule checking and arrays,
 and writes into the engine Comm's ledger, its gathers under their own kind
 ("allgather_hpz"), so one ledger says what crossed between hosts and what stayed. It is
-the engine Comm's kind of Comm (`Comm.group_comm`): with the two-level collectives a
+the engine Comm's kind of Comm (zero_ref/comm/two_level.py): with the two-level collectives a
 group that spans hosts gathers and sums in two levels too (issue 33); qgZ's hop groups
 stay flat, as its two hops are already its own node-aware sum.
 """
@@ -28,6 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from zero_ref.comm.collectives import Comm
+from zero_ref.comm.two_level import group_comm
 
 HPZ_KIND = "allgather_hpz"  # the ledger's name for a gather inside the partition group
 HYBRID_KIND = "allreduce_hybrid"  # hybrid sharding's all-reduce across the shard groups
@@ -79,7 +80,7 @@ def partition_group(
     else:
         group_ranks(world, int(partition_size), name, **error)  # the check, on every rank
         split = comm.mpi.Split(rank // int(partition_size), rank)
-    group = comm.group_comm(split) if two_level else Comm.group_comm(comm, split)
+    group = group_comm(comm, split) if two_level else Comm.group_comm(comm, split)
     group.ledger = comm.ledger  # one ledger; the group's gathers under HPZ_KIND
     return group
 
@@ -95,7 +96,7 @@ def shard_and_replica_groups(comm: Comm, shard_size: int | str) -> tuple[Comm, C
     if shard_size == "host":
         _check_consecutive(comm.mpi, shard, name)
     split = comm.mpi.Split(shard.rank, comm.rank)  # color: the shard this rank holds
-    replicas = comm.group_comm(split)
+    replicas = group_comm(comm, split)
     replicas.ledger = BookedAs(comm.ledger, HYBRID_KIND)
     return shard, replicas
 

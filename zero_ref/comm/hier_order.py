@@ -8,6 +8,14 @@ the link once), then inside the host (H blocks each); the host's gather lands in
 order (l, h), which `gathered_order` maps back to world order. The reduce-scatter runs
 the other way: inside the host (each local rank l gets the host's partial sums for the
 H destinations at index l), then across hosts, so only partials cross.
+
+Hosts that hold different numbers of ranks (`hosts_of`: a list of each host's ranks) use
+the same two levels with an owner in place of "the rank at my index": owner_table[h, d]
+is the rank of host h that collects, sums and passes on destination d's blocks -- d
+itself on its own host, else host h's rank at d's local index modulo host h's count
+(with equal hosts: the rank at d's index, the scheme above). Every host still receives
+each other host's data once; a host's sum is still its ranks' rows in world-rank order,
+then the hosts' partials in host order (two_level_sum takes either form).
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import numpy as np
 
 def placement(host_of_rank: Sequence[int]) -> np.ndarray:
     """world_of (H, L) from each world rank's host label (any integers: equal labels,
-    one host). Raises ValueError when the hosts hold different numbers of ranks."""
+    one host), for hosts holding as many ranks each (else ValueError; hosts_of below)."""
     labels = list(host_of_rank)
     hosts: dict[int, list[int]] = {}
     for rank, label in enumerate(labels):
@@ -28,8 +36,9 @@ def placement(host_of_rank: Sequence[int]) -> np.ndarray:
     sizes = sorted({len(g) for g in groups})
     if len(sizes) != 1:
         raise ValueError(
-            f"collectives 'hierarchical': hosts hold between {sizes[0]} and {sizes[-1]} "
-            "ranks; it needs the same number on every host (use 'flat')"
+            f"hosts hold between {sizes[0]} and {sizes[-1]} ranks: a placement table needs "
+            "the same number on every host (hosts_of lists any; two_level_comm picks the "
+            "Comm for them)"
         )
     return np.array(groups, np.int64).reshape(len(groups), sizes[0])
 
@@ -41,10 +50,38 @@ def gathered_order(world_of: np.ndarray) -> np.ndarray:
     return world_of.T.reshape(-1).copy()
 
 
-def spans_hosts(world_of: np.ndarray) -> bool:
-    """Whether two levels differ from one: more than one host, more than one rank each."""
-    hosts, local = world_of.shape
-    return hosts > 1 and local > 1
+def hosts_of(host_of_rank: Sequence[int]) -> list[list[int]]:
+    """Each host's ranks in world order, hosts in the order of their lowest rank: the
+    placement of hosts holding any numbers of ranks (placement's rows, when equal)."""
+    hosts: dict[int, list[int]] = {}
+    for rank, label in enumerate(host_of_rank):
+        hosts.setdefault(label, []).append(rank)
+    return sorted(hosts.values(), key=lambda ranks: ranks[0])
+
+
+def equal_hosts(hosts: Sequence[Sequence[int]]) -> bool:
+    return len({len(g) for g in hosts}) == 1
+
+
+def spans_hosts(world_of) -> bool:
+    """Whether two levels differ from one: more than one host, and more than one rank on
+    some host (world_of: placement's table, or hosts_of's lists)."""
+    return len(world_of) > 1 and max(len(g) for g in world_of) > 1
+
+
+def owner_table(hosts: Sequence[Sequence[int]]) -> np.ndarray:
+    """(H, W): owner_table[h, d], the rank of host h that handles destination d (module
+    docstring): d on its own host; else host h's rank at d's local index mod its count."""
+    world = sum(len(g) for g in hosts)
+    host_of, local_of = {}, {}
+    for h, ranks in enumerate(hosts):
+        for local, rank in enumerate(ranks):
+            host_of[rank], local_of[rank] = h, local
+    table = np.empty((len(hosts), world), np.int64)
+    for h, ranks in enumerate(hosts):
+        for d in range(world):
+            table[h, d] = d if host_of[d] == h else ranks[local_of[d] % len(ranks)]
+    return table
 
 
 def two_level_bytes(n_block_bytes: int, world_of: np.ndarray) -> tuple[int, int]:
@@ -73,32 +110,22 @@ def two_level_sum(
     return sum_in_rank_order(partials, out)
 
 
-def group_placement(labels: Sequence[int]) -> np.ndarray | None:
-    """A sub-group's placement table in its own ranks, from each group rank's host label,
-    or None when its hosts hold different counts of its ranks."""
-    try:
-        return placement(labels)
-    except ValueError:
-        return None
-
-
-def common_placement(tables: Sequence[np.ndarray | None]) -> tuple[np.ndarray | None, str]:
+def common_placement(tables: Sequence[list[list[int]]]) -> tuple[list[list[int]] | None, str]:
     """The groups of one split (hpZ's partition groups, hybrid's shard groups, its replica
-    groups) sum and gather in two levels only together, so one table is the order of them
-    all: (that table, "") when every group has it and it spans hosts; else (None, why),
-    why "" when flat is the same order anyway (one host, or one rank a host)."""
-    if any(t is None for t in tables):
-        return None, "a group's hosts hold different counts of its ranks"
+    groups) sum and gather in two levels only together, so one placement (hosts_of, in
+    group ranks) is the order of them all: (it, "") when every group has it and it spans
+    hosts; else (None, why), why "" when flat is the same order anyway (one host, or one
+    rank a host)."""
     first = tables[0]
-    if any(t.shape != first.shape or not np.array_equal(t, first) for t in tables):
+    if any(t != first for t in tables):
         if not any(spans_hosts(t) for t in tables):
             return None, ""
         return None, "the groups are placed differently on the hosts"
     return (first, "") if spans_hosts(first) else (None, "")
 
 
-def split_placement(world_of: np.ndarray, groups: Sequence[Sequence[int]]) -> np.ndarray | None:
+def split_placement(world_of, groups: Sequence[Sequence[int]]) -> list[list[int]] | None:
     """common_placement of the groups (each its world ranks, in group order) of a world
-    whose placement is world_of: the oracle's mirror of HierarchicalComm.group_comm."""
+    whose placement is world_of: the oracle's mirror of two_level.group_comm."""
     host = {int(r): h for h, ranks in enumerate(world_of) for r in ranks}
-    return common_placement([group_placement([host[r] for r in g]) for g in groups])[0]
+    return common_placement([hosts_of([host[r] for r in g]) for g in groups])[0]

@@ -10,9 +10,9 @@ on every host, in host order. The gather crosses first, then spreads inside the 
 the sum is made inside the host first, then only the partials cross
 (zero_ref/comm/hier_order.py has the block orders). NCCL and MiCS's
 `mics_hierarchical_params_gather` do the same on GPUs. qwZ's byte gathers (int8 and
-their scales) go the same two levels; a sub-group's Comm (hpZ's partition group, hybrid
-sharding's shard and replica groups, `group_comm`) is two-level too where the group
-itself spans hosts.
+their scales) go the same two levels. zero_ref/comm/two_level.py picks this Comm or
+UnevenHierarchicalComm (hosts of unequal sizes) and makes hpZ's and hybrid's group Comms
+two-level where the groups span hosts.
 
 Deterministic mode: each level is the OrderedReduction (an Alltoall, then a sum in rank
 order), so the sum is the host's rows in world-rank order, then the hosts' partials in
@@ -33,13 +33,7 @@ import numpy as np
 from mpi4py import MPI
 
 from zero_ref.comm.collectives import Comm
-from zero_ref.comm.hier_order import (
-    common_placement,
-    gathered_order,
-    group_placement,
-    placement,
-    two_level_bytes,
-)
+from zero_ref.comm.hier_order import gathered_order, placement, two_level_bytes
 from zero_ref.comm.in_flight import ChainedFlight
 from zero_ref.comm.nonblocking import check_bytes
 from zero_ref.comm.reduction import (
@@ -67,9 +61,10 @@ def host_labels(mpi_comm: MPI.Comm, host_of: Callable[[int], int] | None = None)
 
 
 class HierarchicalComm(Comm):
-    """A Comm whose gathers and float32 sums go in two levels (see the module).
-    strict: a sub-group whose hosts hold different counts of its ranks is refused
-    (collectives "hierarchical") rather than left flat ("auto")."""
+    """A Comm whose gathers and sums go in two levels (see the module), over hosts that
+    hold as many ranks each (UnevenHierarchicalComm: any counts; two_level.py picks).
+    strict: a split whose groups sit differently on the hosts is refused (collectives
+    "hierarchical") rather than left flat ("auto")."""
 
     def __init__(self, mpi_comm: MPI.Comm, reduction=None, check_schedule: bool = False,
                  host_of: Callable[[int], int] | None = None, strict: bool = True,
@@ -95,30 +90,6 @@ class HierarchicalComm(Comm):
         """Free the level communicators (a collective; the world's Comm stays)."""
         for level in (self.host, self.cross, *self.gather_levels, *self.sum_levels):
             level.Free()
-
-    def group_comm(self, split: MPI.Comm) -> Comm:
-        """The Comm of a sub-group split from this one (a collective over this Comm):
-        two-level when every group of the split has the same placement on the hosts with
-        more than one host and more than one rank on each (hier_order.common_placement;
-        one table, so the oracle mirrors all groups with it); flat otherwise, where a group
-        with one host or one rank a host sums in the same order anyway. Groups whose hosts
-        hold different counts, or placed differently, are refused when strict."""
-        members = split.allgather(self.rank)  # the group's ranks, as this Comm numbers them
-        labels = [self.labels[m] for m in members]
-        mine = group_placement(labels)
-        tables = self.mpi.allgather(mine)  # every group's, from each of its ranks
-        table, why = common_placement(tables)
-        if why and self.strict:
-            raise ValueError(
-                f"collectives 'hierarchical': {why} (hpZ's or hybrid sharding's groups of "
-                f"{split.Get_size()} ranks); give a group size that divides, or is a multiple "
-                "of, the ranks a host holds, or collectives 'auto' (those groups flat)"
-            )
-        if table is None:
-            return super().group_comm(split)
-        return HierarchicalComm(split, self.reduction, self.check_schedule,
-                                host_of=labels.__getitem__, strict=self.strict,
-                                arrays=self.arrays)  # fmt: skip
 
     def _levels(self, n: int, itemsize: int) -> tuple[int, int]:
         return two_level_bytes(n * itemsize, self.world_of)

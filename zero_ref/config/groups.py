@@ -229,9 +229,10 @@ class OverlapConfig:
                   (MPICH's own progress thread), "none" (only the wait).
     collectives   "flat" (MPI's one-level all-gather and reduce-scatter), "hierarchical"
                   (two levels: inside each host, then across hosts; every byte crosses
-                  the link once, zero_ref/comm/hierarchical.py) or "auto" (hierarchical
-                  when the job spans more than one host with more than one rank on each
-                  and the engine has no hpZ, hybrid or ZeRO++ groups; else flat).
+                  the link once, zero_ref/comm/hierarchical.py; hosts of any sizes, and
+                  hpZ's and hybrid's groups where they span hosts) or "auto"
+                  (hierarchical when the job spans more than one host with more than one
+                  rank on some host; else flat).
     prefetch_numel  stage 3 with overlap_comm: units gathered ahead of use, in elements
                   (DeepSpeed's stage3_prefetch_bucket_size): as many upcoming units as
                   fit; None: one unit ahead (FSDP's forward/backward prefetch); 0: none.

@@ -54,7 +54,7 @@ order, then the hosts' partials in host order (two_level_sum); a 16-bit sum roun
 host's partial to its 16 bits before the hosts' are added (what crosses). With
 hybrid sharding too, each shard group's sum and the replicas' float32 all-reduce take
 their groups' common two-level order where the groups span hosts (split_placement, the
-mirror of HierarchicalComm.group_comm), and rank order where they do not.
+mirror of two_level.group_comm), and rank order where they do not.
 
 The deterministic engine reproduces this bit for bit at every stage and world
 size; the fast engine agrees within the tolerance in docs/determinism.md.
