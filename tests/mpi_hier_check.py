@@ -21,8 +21,10 @@ from zero_ref.comm.hierarchical import HierarchicalComm
 from zero_ref.comm.hierarchical_uneven import UnevenHierarchicalComm
 from zero_ref.comm.reduction import MPIReduction, OrderedReduction
 from zero_ref.comm.two_level import two_level_comm
+from zero_ref.numerics.dtypes import DTYPES, rounded
 
 WORLD = MPI.COMM_WORLD
+BF16 = DTYPES["bf16"]
 PLACEMENTS = {
     "3 hosts of 2, blocks": lambda r: r // 2,
     "2 hosts of 3, cyclic": lambda r: r % 2,
@@ -66,6 +68,7 @@ def check_placement(name: str, host_of) -> list[str]:
     )
     if not np.array_equal(buf.view(np.uint32), full.view(np.uint32)):
         fails.append(f"{name}: rank {rank} allreduce differs from two_level_sum")
+    fails += check_16bit_sums(name, comm, sends)
     mine = np.arange(n, dtype=np.float32) + 100 * rank
     want = np.concatenate([np.arange(n, dtype=np.float32) + 100 * r for r in range(world)])
     out = np.empty(world * n, np.float32)
@@ -85,14 +88,29 @@ def check_placement(name: str, host_of) -> list[str]:
     comm.allgather_in_place(half)
     if not np.array_equal(half, want.astype(np.float16)):
         fails.append(f"{name}: rank {rank} fp16 allgather")
+    raw = np.full(n, rank + 1, np.uint8)  # qwZ's bytes
+    raw_all = np.empty(world * n, np.uint8)
+    comm.allgather_bytes(raw, raw_all)
+    if not np.array_equal(raw_all, np.repeat(np.arange(1, world + 1, dtype=np.uint8), n)):
+        fails.append(f"{name}: rank {rank} allgather_bytes order")
     totals = comm.ledger.end_step()
-    cross = totals.get("allgather_cross", {}).get("sent_bytes", 0)
     # four float32 gathers (allgather, iallgather, in place, allreduce's) and one fp16
-    # one; a host's ranks together take each other host's blocks once
-    blocks = WORLD.allgather(cross / ((4 * 4 + 2) * n))  # each rank's, on every rank
-    host = next(g for g in hosts_of([host_of(r) for r in range(world)]) if rank in g)
-    if sum(blocks[r] for r in host) != world - len(host):
-        fails.append(f"{name}: rank {rank} allgather_cross bytes {cross}, not the least")
+    # one; a host's ranks together take each other host's blocks once and send each of
+    # theirs once to every other host; the sums the same, the other way
+    hosts = hosts_of([host_of(r) for r in range(world)])
+    host = next(g for g in hosts if rank in g)
+    least = {"recv": world - len(host), "sent": len(host) * (len(hosts) - 1)}
+    # (float32 gathers 4 x 4 bytes, fp16 2; bytes 1; float32 sums 3 x 4, bf16 2 x 2)
+    for kind, scale, swap in (("allgather_cross", 4 * 4 + 2, False),
+                              ("allgather_int8_cross", 1, False),
+                              ("reduce_scatter_cross", 3 * 4 + 2 * 2, True)):  # fmt: skip
+        booked = totals.get(kind, {})
+        for way in ("sent", "recv"):
+            everyone = WORLD.allgather(booked.get(f"{way}_bytes", 0) / (scale * n))
+            blocks = sum(everyone[r] for r in host)  # the host's ranks' blocks
+            want = least[{"sent": "recv", "recv": "sent"}[way] if swap else way]
+            if blocks != want:
+                fails.append(f"{name}: rank {rank} {kind} {way} {blocks} blocks, not {want}")
     fast = two_level_comm(WORLD, MPIReduction(), host_of=host_of)
     quick = np.empty(n, np.float32)
     fast.reduce_scatter_sum(sends[rank].copy(), quick)
@@ -100,6 +118,27 @@ def check_placement(name: str, host_of) -> list[str]:
         fails.append(f"{name}: rank {rank} fast reduce_scatter off")
     for c in (comm, fast):
         c.free()
+    return fails
+
+
+def check_16bit_sums(name: str, comm, sends: np.ndarray) -> list[str]:
+    """bf16 words, blocking and issued: each host's partial rounded to bf16 as it crosses,
+    bitwise two_level_sum with partial_dtype bf16, rounded once."""
+    rank, world = comm.rank, comm.size
+    n = sends.shape[1] // world
+    words = rounded(sends, BF16).astype(BF16)  # every rank's bf16 send
+    widened = words.astype(np.float32).reshape(world, world, n)[:, rank]
+    total = two_level_sum(widened, comm.world_of, np.empty(n, np.float32), BF16)
+    want = total.astype(BF16)
+    fails = []
+    for issued in (False, True):
+        got = np.empty(n, BF16)
+        if issued:
+            comm.ireduce_scatter_sum(words[rank].copy(), got).wait()
+        else:
+            comm.reduce_scatter_sum(words[rank].copy(), got)
+        if got.tobytes() != want.tobytes():
+            fails.append(f"{name}: rank {rank} bf16 sum (issued {issued}) not two_level_sum's")
     return fails
 
 

@@ -8,8 +8,8 @@ placed cyclically, and hosts of 4 and 2 interleaved (unequal); stages 0-3, overl
 and on, two steps of two micro-steps each; the full parameters bit for bit the oracle's
 with `hosts`, and (so the check can fail) not all of them the flat oracle's. Then the
 16-bit sums (each host's partial crosses rounded to 16 bits): bf16 at every stage,
-overlap off and on, in blocks, and fp16 (loss scaling) at stages 0 and 3 cyclic; not all
-of them the flat oracle's either."""
+overlap off and on, in blocks, and fp16 (loss scaling) at stages 0 and 3 cyclic, bf16 at
+stages 0 and 3 on the unequal hosts; not all of them the flat oracle's either."""
 
 from __future__ import annotations
 
@@ -91,12 +91,14 @@ def checks() -> list[str]:
 
 
 def sixteen_bit_checks() -> list[str]:
-    """bf16 in blocks at every stage, fp16 cyclic at stages 0 and 3 (fake hosts only)."""
+    """bf16 in blocks at every stage, fp16 cyclic and bf16 on unequal hosts at stages 0
+    and 3 (fake hosts only)."""
     if "--real-hosts" in sys.argv:
         return []
     fails, all_like_flat = [], True
     cases = [("bf16", "3x2 blocks", s, o) for s in STAGES for o in (False, True)]
     cases += [("fp16", "2x3 cyclic", s, True) for s in (0, 3) if s in STAGES]
+    cases += [("bf16", "4+2 interleaved", s, True) for s in (0, 3) if s in STAGES]
     for precision, name, stage, overlap in cases:
         ok, like_flat = run_case(stage, overlap, PLACEMENTS[name], precision)
         all_like_flat &= like_flat

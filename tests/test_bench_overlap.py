@@ -69,7 +69,8 @@ def test_tbf_limits_the_link(bench):
     # one TCP stream gets most of the rate and never more (headers and ACKs take the rest)
     assert 0.7 * rate_bytes < slow["link_bytes_s"] <= 1.02 * rate_bytes
     assert fast["link_bytes_s"] > 10 * rate_bytes
-    assert slow["blocking"]["step_s"] > fast["blocking"]["step_s"]
+    # (not the step times: the tiny model's bytes take ~1 ms at this rate, less than a
+    # loaded 2-core machine moves a step; a step-time comparison is a benchmark's job)
 
 
 def test_the_training_bytes_cross_the_link(bench):

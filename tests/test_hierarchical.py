@@ -148,6 +148,19 @@ def test_every_stage_matches_the_oracles_two_level_order():
 
 def test_hpz_and_hybrid_groups_go_two_level_where_they_span_hosts():
     """8 ranks on fake hosts: hybrid shard groups spanning hosts, replica groups with 2
-    ranks a host, hpZ groups with qwZ: bitwise the oracle's two-level order, the ledger's
-    hops, and uneven groups refused ('hierarchical') or flat ('auto')."""
+    ranks a host, hpZ groups with qwZ, groups of 3 + 1 ranks a host: bitwise the oracle's
+    two-level order, the ledger's hops, and groups placed unlike refused ('hierarchical')
+    or flat ('auto')."""
     run_mpi_checks("mpi_hier_groups_check.py", 8)
+
+
+def test_the_least_bytes_a_host_moves_per_collective():
+    """scripts/bench/hier_bytes.py's yardstick, at both ends of the host sizes: an
+    all-gather takes the other host's blocks and sends its own once; a reduce-scatter
+    takes a partial per destination it holds and sends one per destination there."""
+    from scripts.bench.hier_bytes import least_bytes
+
+    assert least_bytes("allgather", 2, 2, 10) == (20, 20)
+    assert least_bytes("allgather", 2, 1, 10) == (10, 20)
+    assert least_bytes("reduce_scatter", 2, 1, 10) == (20, 10)
+    assert least_bytes("reduce_scatter", 1, 1, 10) == (10, 10)

@@ -161,7 +161,30 @@ def hier_check(res: Result) -> str:
     return "\n\n".join([caption, table(header, rows)])
 
 
+def hier_bytes(res: Result) -> str:
+    """One collective's bytes on the link, flat against two-level (scripts/bench/hier_bytes.py)."""
+    d = res.data
+    rows = [
+        [r["placement"], r["collective"].replace("_", "-"), r["collectives"],
+         f"{r['rx_per_call'] / 1e6:.3f}", f"{r['rx_over_least']:.2f}",
+         f"{r['tx_per_call'] / 1e6:.3f}", f"{r['tx_over_least']:.2f}"]
+        for r in d["rows"]
+    ]  # fmt: skip
+    caption = (
+        f"{measured_by(res)} One float32 block of {d['block_bytes'] / 2**20:g} MiB a rank, "
+        f"{d['calls']} calls a job between barriers, deterministic mode; MB per call at "
+        "the first host's end of the veth (TCP/IP and UCX headers included), and over the "
+        "least: that host taking each of the other host's blocks once (all-gather), or one "
+        "partial per destination it holds (reduce-scatter), and sending what the other "
+        "host needs once."
+    )
+    header = ["placement", "collective", "collectives", "MB in", "/ least", "MB out",
+              "/ least"]  # fmt: skip
+    return "\n\n".join([caption, table(header, rows)])
+
+
 RENDERERS = {
     f.__name__: f
-    for f in (overlap_memory, overlap_bench, overlap_probes, overlap_budget, hier_check)
-}
+    for f in (overlap_memory, overlap_bench, overlap_probes, overlap_budget, hier_check,
+              hier_bytes)
+}  # fmt: skip

@@ -100,7 +100,8 @@ def _no_effect_keys() -> tuple[str, ...]:
 
 
 def _keys_line(title: str, keys: tuple[str, ...]) -> str:
-    return f"- {title}: " + ", ".join(f"`{k}`" for k in keys) + "."
+    """A bullet naming the keys, or "none" where the list is empty."""
+    return f"- {title}: " + (", ".join(f"`{k}`" for k in keys) or "none") + "."
 
 
 def flags_page() -> str:

@@ -28,6 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from zero_ref.comm.collectives import Comm
+from zero_ref.comm.hierarchical import HierarchicalComm
 from zero_ref.comm.two_level import group_comm
 
 HPZ_KIND = "allgather_hpz"  # the ledger's name for a gather inside the partition group
@@ -123,10 +124,13 @@ def qgz_hops(comm: Comm, local_size: int | str) -> QgzHops | None:
 
 def free(comms) -> None:
     """Free the group Comms this module made (every rank calls it, once): each one's
-    progress policy stopped, its communicator freed; a freed one is skipped."""
+    progress policy stopped, a two-level one's level communicators and its own freed; a
+    freed one is skipped."""
     for comm in comms:
         if comm.mpi:
             comm.progress.close()
+            if isinstance(comm, HierarchicalComm):
+                comm.free()
             comm.mpi.Free()
 
 

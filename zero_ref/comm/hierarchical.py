@@ -2,9 +2,9 @@
 
 MPICH composes its all-reduce node-aware, but its all-gather and reduce-scatter are one
 flat algorithm: with ranks in blocks each rank puts (W-1) blocks on the link where a host
-needs only the other hosts' data once. HierarchicalComm is a Comm whose float
-all-gathers and float32 reduce-scatters (and the all-reduce built from them) run over
-two communicators instead: `host`, this host's ranks (MPI_Comm_split_type
+needs only the other hosts' data once. HierarchicalComm is a Comm whose all-gathers
+(floats and bytes) and reduce-scatters (float32 and 16-bit, and the all-reduce built from
+them) run over two communicators instead: `host`, this host's ranks (MPI_Comm_split_type
 COMM_TYPE_SHARED, as hpZ finds them), and `cross`, the ranks at this rank's local index
 on every host, in host order. The gather crosses first, then spreads inside the host;
 the sum is made inside the host first, then only the partials cross

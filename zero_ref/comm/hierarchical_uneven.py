@@ -18,7 +18,8 @@ Comm in which only owners exchange:
 Each host receives every other host's data once, as with equal hosts; the sums are the
 oracle's two-level order (two_level_sum over hosts_of), in both modes (the partials are
 added here, not by MPI). With equal hosts the owners are HierarchicalComm's, and so are the
-bytes each level moves. The ledger books each level as HierarchicalComm does.
+bytes each level moves. The ledger books each level under HierarchicalComm's kinds, with
+what the rank sends and receives (they differ where the hosts do).
 """
 
 from __future__ import annotations
@@ -61,11 +62,28 @@ class UnevenHierarchicalComm(HierarchicalComm):
         self.sum_levels = (self.host.Dup(), mpi_comm.Dup())
         self.path += ", two-level (node-aware) gathers and sums, hosts of unequal sizes"
 
+    def _gather_bytes(self, n: int, itemsize: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The gather's (sent, received) bytes a rank moves, across hosts (its block to
+        each other host; the blocks it owns from them) and inside its host (its owned
+        blocks to each host-mate; every block it does not own). The sum moves the same
+        with sent and received swapped. Unequal hosts make the two directions differ."""
+        own, mates, hosts = len(self.owned), len(self.mates), len(self.world_of)
+        b = n * itemsize
+        across = ((hosts - 1) * b, (own - 1) * b)
+        within = (own * (mates - 1) * b, (self.size - own) * b)
+        return across, within
+
+    def _sum_bytes(self, n: int, itemsize: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The sum's (sent, received) bytes inside the host and across: the gather's,
+        each direction swapped (a rank sends the blocks it does not own to their owners
+        and receives its host-mates' blocks of the ones it owns; then sends its partials
+        and receives one from each other host)."""
+        across, within = self._gather_bytes(n, itemsize)
+        return within[::-1], across[::-1]
+
     def _levels(self, n: int, itemsize: int) -> tuple[int, int]:
-        """(inside the host, across hosts) bytes of a rank's blocks of n elements: the
-        blocks it does not own, and the ones it owns but its own."""
-        own = len(self.owned)
-        return (self.size - own) * n * itemsize, (own - 1) * n * itemsize
+        """Not used here: each level's sent and received bytes differ (_gather_bytes)."""
+        raise NotImplementedError("UnevenHierarchicalComm books _gather_bytes/_sum_bytes")
 
     # ---- the levels' buffer specifications (counts and offsets in elements)
     def _host_sum_spec(self, n: int) -> tuple[list[int], list[int], int]:
@@ -121,29 +139,29 @@ class UnevenHierarchicalComm(HierarchicalComm):
 
     def _gather(self, send, recv, kind: str) -> None:
         spec, host_spec, fill_held, reorder, _ = self._gather_buffers(send, recv)
-        within, across = self._levels(send.size, send.dtype.itemsize)
-        self.ledger.run(kind + CROSS_HOP, across, across, lambda: self.cross.Alltoallv(*spec))
+        across, within = self._gather_bytes(send.size, send.dtype.itemsize)
+        self.ledger.run(kind + CROSS_HOP, *across, lambda: self.cross.Alltoallv(*spec))
 
         def inside() -> None:
             fill_held()
             self.host.Allgatherv(*host_spec)
             reorder()
 
-        self.ledger.run(kind + LOCAL_HOP, within, within, inside)
+        self.ledger.run(kind + LOCAL_HOP, *within, inside)
 
     def _issue_gather(self, send, recv, kind: str, lane: str) -> ChainedFlight:
         spec, host_spec, fill_held, reorder, keep = self._gather_buffers(send, recv)
-        within, across = self._levels(send.size, send.dtype.itemsize)
+        across, within = self._gather_bytes(send.size, send.dtype.itemsize)
         cross, host = self.gather_levels
-        self.ledger.record_issued(kind + CROSS_HOP, across, across)
+        self.ledger.record_issued(kind + CROSS_HOP, *across)
         request = cross.Ialltoallv(*spec)
 
         def second() -> MPI.Request:
             fill_held()
-            self.ledger.record_issued(kind + LOCAL_HOP, within, within)
+            self.ledger.record_issued(kind + LOCAL_HOP, *within)
             return host.Iallgatherv(*host_spec)
 
-        args = {"sent_bytes": within + across, "lane": lane}
+        args = {"sent_bytes": within[0] + across[0], "lane": lane}
         keep = (send, *keep)
         return ChainedFlight(self, kind + CROSS_HOP, request, second, reorder, keep, args)
 
@@ -187,7 +205,7 @@ class UnevenHierarchicalComm(HierarchicalComm):
     def _reduce_scatter(self, send, recv) -> None:
         self._agree("reduce_scatter", recv.size, self.arrays.dtype_name(send))
         host_spec, spec, sum_host, sum_hosts, _ = self._sum_buffers(send, recv)
-        within, across = self._levels(recv.size, send.dtype.itemsize)
+        within, across = self._sum_bytes(recv.size, send.dtype.itemsize)
 
         def hop1() -> None:
             self.host.Alltoallv(*host_spec)
@@ -197,8 +215,8 @@ class UnevenHierarchicalComm(HierarchicalComm):
             self.cross.Alltoallv(*spec)
             sum_hosts()
 
-        self.ledger.run("reduce_scatter" + LOCAL_HOP, within, within, hop1)
-        self.ledger.run("reduce_scatter" + CROSS_HOP, across, across, hop2)
+        self.ledger.run("reduce_scatter" + LOCAL_HOP, *within, hop1)
+        self.ledger.run("reduce_scatter" + CROSS_HOP, *across, hop2)
 
     def ireduce_scatter_sum(self, send, recv, lane: str = "") -> ChainedFlight:
         """reduce_scatter_sum, issued as one flight: the host level now, the cross level
@@ -206,17 +224,17 @@ class UnevenHierarchicalComm(HierarchicalComm):
         self._check(send, recv, same_dtype=False)
         self._agree("reduce_scatter", recv.size, self.arrays.dtype_name(send))
         host_spec, spec, sum_host, sum_hosts, keep = self._sum_buffers(send, recv)
-        within, across = self._levels(recv.size, send.dtype.itemsize)
+        within, across = self._sum_bytes(recv.size, send.dtype.itemsize)
         host, cross = self.sum_levels
-        self.ledger.record_issued("reduce_scatter" + LOCAL_HOP, within, within)
+        self.ledger.record_issued("reduce_scatter" + LOCAL_HOP, *within)
         request = host.Ialltoallv(*host_spec)
 
         def second() -> MPI.Request:
             sum_host()
-            self.ledger.record_issued("reduce_scatter" + CROSS_HOP, across, across)
+            self.ledger.record_issued("reduce_scatter" + CROSS_HOP, *across)
             return cross.Ialltoallv(*spec)
 
-        args = {"sent_bytes": within + across, "lane": lane}
+        args = {"sent_bytes": within[0] + across[0], "lane": lane}
         kind = "reduce_scatter" + LOCAL_HOP
         return ChainedFlight(self, kind, request, second, sum_hosts, keep, args)
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from zero_ref.comm.groups import HPZ_KIND
+from zero_ref.comm.groups import HPZ_KIND, free
 from zero_ref.engine.collective_schedule import Pending
 
 
@@ -85,10 +85,9 @@ class SecondaryCopy(FreshUnits):
         return Pending(HPZ_KIND)
 
     def close(self) -> None:
-        """Free the group's communicator (every rank of the group calls it; once: a freed
+        """Free the group's communicators (every rank of the group calls it; once: a freed
         communicator is MPI_COMM_NULL, which is false)."""
-        if self.group.mpi:
-            self.group.mpi.Free()
+        free((self.group,))
 
     def after_primary(self, schedule, pending, i: int, out: np.ndarray) -> SecondaryPending:
         """A primary gather of unit i into out: once waited for, keep this rank's slice."""
