@@ -22,9 +22,9 @@ where the two-level sums change the order, not all of them the flat oracle's:
 
 from __future__ import annotations
 
-import numpy as np
 from mpi4py import MPI
 from mpi_checks import run_checks
+from mpi_hier_parity_check import against_oracles
 
 from zero_ref.comm.reduction import OrderedReduction
 from zero_ref.comm.two_level import two_level_comm
@@ -38,8 +38,6 @@ from zero_ref.config import (
 )
 from zero_ref.engine.ladder import make_engine
 from zero_ref.models.unit import init_params
-from zero_ref.oracle.single_rank import Oracle
-from zero_ref.testing.engine_state import full_parameters
 from zero_ref.testing.replay import ReplayModel
 
 WORLD = MPI.COMM_WORLD
@@ -48,10 +46,6 @@ FOUR_BY_TWO = lambda r: r // 2  # noqa: E731
 TWO_BY_FOUR = lambda r: r // 4  # noqa: E731
 UNEVEN = [0, 0, 1, 0, 1, 1, 0, 1].__getitem__  # 2 hosts of 4; ranks 0-3: 3 on one host
 UNLIKE = [0, 0, 1, 1, 0, 1, 0, 1].__getitem__  # ranks 0-3 two a host in blocks, 4-7 not
-
-
-def same(a: dict, b: dict) -> bool:
-    return all(a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes() for k in a)
 
 
 def config(stage: int, overlap: bool, collectives: str = "hierarchical", **groups) -> ZeroConfig:
@@ -64,24 +58,10 @@ def run_case(cfg: ZeroConfig, host_of) -> tuple[bool, bool, set[str]]:
     """(bitwise the two-level oracle at every step, bitwise the flat one at every step,
     the ledger's kinds of the last step)."""
     model = ReplayModel(UNITS)
-    init = init_params(model, 3)
     strict = cfg.overlap.collectives == "hierarchical"
     comm = two_level_comm(WORLD, OrderedReduction(), host_of=host_of, strict=strict)
-    engine = make_engine(model, init, cfg, comm)
-    two_level = Oracle.for_config(init, cfg, model, hosts=comm.world_of)
-    flat = Oracle.for_config(init, cfg, model)
-    ok, like_flat = True, True
-    for step in range(2):
-        inputs = model.contexts(7, step, 2, comm.size)
-        targets = np.zeros((2, comm.size))
-        engine.train_step(inputs[:, comm.rank], targets[:, comm.rank])
-        full = full_parameters(engine)
-        two_level.model_step(model, inputs, targets)
-        flat.model_step(model, inputs, targets)
-        ok &= same(full, two_level.parameters())  # the master weights (16-bit too)
-        like_flat &= same(full, flat.parameters())
+    ok, like_flat = against_oracles(cfg, comm, model, init_params(model, 3))
     kinds = set(comm.ledger.last_step())
-    engine.close()
     comm.free()
     return ok, like_flat, kinds
 

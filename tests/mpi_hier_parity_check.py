@@ -52,12 +52,18 @@ def run_case(stage: int, overlap: bool, host_of, precision: str = "fp32") -> tup
                      overlap=OverlapConfig(comm=overlap, collectives="hierarchical"),
                      mixed_precision=MixedPrecisionConfig(dtype=precision),
                      optimizer=AdamWConfig(lr=1e-2, weight_decay=0.1))  # fmt: skip
-    model = ReplayModel(UNITS)
-    init = init_params(model, 3)
     comm = two_level_comm(WORLD, OrderedReduction(), host_of=host_of)
+    model = ReplayModel(UNITS)
+    ok, like_flat = against_oracles(cfg, comm, model, init_params(model, 3))
+    comm.free()
+    return ok, like_flat
+
+
+def against_oracles(cfg: ZeroConfig, comm, model, init) -> tuple[bool, bool]:
+    """Two steps of an engine on comm: (bitwise the oracle with comm's hosts at every
+    step, bitwise the flat oracle at every step); shared with mpi_hier_groups_check.py."""
     engine = make_engine(model, init, cfg, comm)
-    two_level = Oracle.for_config(init, cfg, model)
-    two_level.hosts = comm.world_of
+    two_level = Oracle.for_config(init, cfg, model, hosts=comm.world_of)
     flat = Oracle.for_config(init, cfg, model)
     ok, like_flat = True, True
     for step in range(2):
@@ -70,7 +76,6 @@ def run_case(stage: int, overlap: bool, host_of, precision: str = "fp32") -> tup
         ok &= same(full, two_level.parameters())  # the master weights (16-bit too)
         like_flat &= same(full, flat.parameters())
     engine.close()
-    comm.free()
     return ok, like_flat
 
 

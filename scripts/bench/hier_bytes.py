@@ -48,11 +48,12 @@ def least_bytes(collective: str, first: int, second: int, block_bytes: int) -> t
 
 
 def worker(args: argparse.Namespace) -> None:
-    """Inside the job: `calls` collectives between two barriers; rank 0 reads its host's
-    veth counters at each and prints the bytes per call."""
+    """Inside the job: `calls` collectives between barriers; rank 0 reads its host's
+    veth counters before and after them and prints the bytes per call."""
     import numpy as np
     from mpi4py import MPI
 
+    from scripts.bench.link_probe import dev_bytes  # (mpi4py: in the ranks only)
     from zero_ref.comm.collectives import Comm
     from zero_ref.comm.reduction import OrderedReduction
     from zero_ref.comm.two_level import two_level_comm
@@ -72,25 +73,15 @@ def worker(args: argparse.Namespace) -> None:
 
     call()  # connections made, buffers touched
     world.Barrier()
-    before = veth_counters(args.dev) if world.rank == 0 else (0, 0)
+    before = dev_bytes(args.dev) if world.rank == 0 else (0, 0)
     world.Barrier()  # no rank sends a counted byte before rank 0 has read the counters
     for _ in range(args.calls):
         call()
     world.Barrier()
     if world.rank == 0:
-        after = veth_counters(args.dev)
+        after = dev_bytes(args.dev)
         rx, tx = ((a - b) / args.calls for a, b in zip(after, before, strict=True))
         print(json.dumps({"rx_per_call": rx, "tx_per_call": tx, "comm": type(comm).__name__}))
-
-
-def veth_counters(dev: str) -> tuple[int, int]:
-    """(rx_bytes, tx_bytes) of this namespace's end of the veth."""
-    for line in Path("/proc/self/net/dev").read_text().splitlines():
-        name, _, rest = line.partition(":")
-        if name.strip() == dev:
-            fields = rest.split()
-            return int(fields[0]), int(fields[8])
-    raise SystemExit(f"{dev} is not in this namespace's /proc/net/dev")
 
 
 def one_job(pair: NetnsPair, placement: str, collective: str, comm: str, a) -> dict:
