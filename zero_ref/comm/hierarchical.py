@@ -91,8 +91,17 @@ class HierarchicalComm(Comm):
         for level in (self.host, self.cross, *self.gather_levels, *self.sum_levels):
             level.Free()
 
-    def _levels(self, n: int, itemsize: int) -> tuple[int, int]:
-        return two_level_bytes(n * itemsize, self.world_of)
+    def _gather_bytes(self, n: int, itemsize: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The gather's (sent, received) bytes a rank moves across hosts and inside its
+        host, for blocks of n elements (the ledger's). Equal hosts: each way the same."""
+        within, across = two_level_bytes(n * itemsize, self.world_of)
+        return (across, across), (within, within)
+
+    def _sum_bytes(self, n: int, itemsize: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The sum's (sent, received) inside the host and across: the gather's levels in
+        the other order, each direction swapped."""
+        across, within = self._gather_bytes(n, itemsize)
+        return within[::-1], across[::-1]
 
     # ---- the all-gather: across hosts, then inside the host
     def _gather_levels(self, send, recv) -> tuple[np.ndarray, np.ndarray, Callable]:
@@ -125,15 +134,15 @@ class HierarchicalComm(Comm):
     def _gather(self, send, recv, kind: str) -> None:
         """The two-level gather of checked buffers: across hosts, then inside the host."""
         mine, got, reorder = self._gather_levels(send, recv)
-        within, across = self._levels(send.size, send.dtype.itemsize)
+        across, within = self._gather_bytes(send.size, send.dtype.itemsize)
         xfer = lambda: self.cross.Allgather(words_of(send), words_of(mine))  # noqa: E731
-        self.ledger.run(kind + CROSS_HOP, across, across, xfer)
+        self.ledger.run(kind + CROSS_HOP, *across, xfer)
 
         def inside() -> None:
             self.host.Allgather(words_of(mine), words_of(got))
             reorder()
 
-        self.ledger.run(kind + LOCAL_HOP, within, within, inside)
+        self.ledger.run(kind + LOCAL_HOP, *within, inside)
 
     def _allgather_in_place(self, buf) -> None:
         n = buf.size // self.size
@@ -160,16 +169,16 @@ class HierarchicalComm(Comm):
     def _issue_gather(self, send, recv, kind: str, lane: str) -> ChainedFlight:
         """The two-level gather of checked buffers, issued: the cross-host level now."""
         mine, got, reorder = self._gather_levels(send, recv)
-        within, across = self._levels(send.size, send.dtype.itemsize)
-        self.ledger.record_issued(kind + CROSS_HOP, across, across)
+        across, within = self._gather_bytes(send.size, send.dtype.itemsize)
+        self.ledger.record_issued(kind + CROSS_HOP, *across)
         cross, host = self.gather_levels
         request = cross.Iallgather(words_of(send), words_of(mine))
 
         def second() -> MPI.Request:
-            self.ledger.record_issued(kind + LOCAL_HOP, within, within)
+            self.ledger.record_issued(kind + LOCAL_HOP, *within)
             return host.Iallgather(words_of(mine), words_of(got))
 
-        args = {"sent_bytes": within + across, "lane": lane}
+        args = {"sent_bytes": within[0] + across[0], "lane": lane}
         return ChainedFlight(self, kind + CROSS_HOP, request, second, reorder, (mine, got), args)
 
     def iallgather_in_place(self, buf, lane: str = "") -> ChainedFlight:
@@ -193,7 +202,7 @@ class HierarchicalComm(Comm):
     def _reduce_scatter(self, send, recv) -> None:
         self._agree("reduce_scatter", recv.size, self.arrays.dtype_name(send))
         staged, partial = self._staged(send)
-        within, across = self._levels(recv.size, send.dtype.itemsize)
+        within, across = self._sum_bytes(recv.size, send.dtype.itemsize)
         if send.dtype != _F32:  # 16-bit words: each level an Alltoall and a rank-order sum
             arrays = self.arrays
             hop1 = lambda: sum_16bit_words(self.host, staged, partial, arrays)  # noqa: E731
@@ -208,8 +217,8 @@ class HierarchicalComm(Comm):
                 if total is not recv:
                     arrays.round_into(recv, total)
 
-        self.ledger.run("reduce_scatter" + LOCAL_HOP, within, within, hop1)
-        self.ledger.run("reduce_scatter" + CROSS_HOP, across, across, hop2)
+        self.ledger.run("reduce_scatter" + LOCAL_HOP, *within, hop1)
+        self.ledger.run("reduce_scatter" + CROSS_HOP, *across, hop2)
 
     def ireduce_scatter_sum(self, send, recv, lane: str = ""):
         """reduce_scatter_sum, issued as one flight: the host level now, the cross level
@@ -219,19 +228,19 @@ class HierarchicalComm(Comm):
         staged, partial = self._staged(send)
         words = send.dtype != _F32
         total = recv if words or recv.dtype == _F32 else self.arrays.temporary(recv.size, _F32)
-        within, across = self._levels(recv.size, send.dtype.itemsize)
+        within, across = self._sum_bytes(recv.size, send.dtype.itemsize)
         arrays = self.arrays
-        sums = (isum_16bit_words,) * 2 if words else (self.reduction.ireduce_scatter,) * 2
-        self.ledger.record_issued("reduce_scatter" + LOCAL_HOP, within, within)
+        isum = isum_16bit_words if words else self.reduction.ireduce_scatter  # both levels
+        self.ledger.record_issued("reduce_scatter" + LOCAL_HOP, *within)
         host, cross = self.sum_levels
-        request, summed, keep1 = sums[0](host, staged, partial, arrays)
+        request, summed, keep1 = isum(host, staged, partial, arrays)
         state: dict = {}
 
         def second() -> MPI.Request:
             if summed is not None:
                 summed()  # the host's partials, in local rank order
-            self.ledger.record_issued("reduce_scatter" + CROSS_HOP, across, across)
-            req, state["summed"], state["keep"] = sums[1](cross, partial, total, arrays)
+            self.ledger.record_issued("reduce_scatter" + CROSS_HOP, *across)
+            req, state["summed"], state["keep"] = isum(cross, partial, total, arrays)
             return req
 
         def finish() -> None:
@@ -241,7 +250,7 @@ class HierarchicalComm(Comm):
                 arrays.round_into(recv, total)
 
         keep = (staged, partial, total) + tuple(keep1)
-        args = {"sent_bytes": within + across, "lane": lane}
+        args = {"sent_bytes": within[0] + across[0], "lane": lane}
         kind = "reduce_scatter" + LOCAL_HOP
         return ChainedFlight(self, kind, request, second, finish, keep, args)
 

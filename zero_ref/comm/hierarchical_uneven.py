@@ -33,7 +33,7 @@ from zero_ref.comm.collectives import Comm
 from zero_ref.comm.hier_order import hosts_of, owner_table
 from zero_ref.comm.hierarchical import HierarchicalComm, host_labels
 from zero_ref.comm.in_flight import ChainedFlight
-from zero_ref.comm.reduction import CROSS_HOP, LOCAL_HOP, words_of
+from zero_ref.comm.reduction import CROSS_HOP, LOCAL_HOP, sum_words_into, words_of
 from zero_ref.numerics.rank_order import sum_in_rank_order
 
 _F32 = np.dtype(np.float32)
@@ -72,18 +72,6 @@ class UnevenHierarchicalComm(HierarchicalComm):
         across = ((hosts - 1) * b, (own - 1) * b)
         within = (own * (mates - 1) * b, (self.size - own) * b)
         return across, within
-
-    def _sum_bytes(self, n: int, itemsize: int) -> tuple[tuple[int, int], tuple[int, int]]:
-        """The sum's (sent, received) bytes inside the host and across: the gather's,
-        each direction swapped (a rank sends the blocks it does not own to their owners
-        and receives its host-mates' blocks of the ones it owns; then sends its partials
-        and receives one from each other host)."""
-        across, within = self._gather_bytes(n, itemsize)
-        return within[::-1], across[::-1]
-
-    def _levels(self, n: int, itemsize: int) -> tuple[int, int]:
-        """Not used here: each level's sent and received bytes differ (_gather_bytes)."""
-        raise NotImplementedError("UnevenHierarchicalComm books _gather_bytes/_sum_bytes")
 
     # ---- the levels' buffer specifications (counts and offsets in elements)
     def _host_sum_spec(self, n: int) -> tuple[list[int], list[int], int]:
@@ -191,16 +179,15 @@ class UnevenHierarchicalComm(HierarchicalComm):
         return host_spec, spec, sum_host, sum_hosts, (staged, rows, partial, partials)
 
     def _add(self, rows, out, words: bool) -> None:
-        """out <- rows added in order in float32, rounded once to out's dtype."""
-        if not words and out.dtype == _F32:
-            sum_in_rank_order(rows, out)
-            return
-        total = self.arrays.temporary(out.size, _F32)
+        """out <- rows added in order in float32, rounded once to out's dtype (16-bit
+        rows: reduction.sum_words_into, as the flat and equal-host sums add them)."""
         if words:
-            self.arrays.sum_widened_rows(rows, total)
+            sum_words_into(rows, out, self.arrays)
+        elif out.dtype == _F32:
+            sum_in_rank_order(rows, out)
         else:
-            sum_in_rank_order(rows, total)
-        self.arrays.round_into(out, total)
+            total = sum_in_rank_order(rows, self.arrays.temporary(out.size, _F32))
+            self.arrays.round_into(out, total)
 
     def _reduce_scatter(self, send, recv) -> None:
         self._agree("reduce_scatter", recv.size, self.arrays.dtype_name(send))

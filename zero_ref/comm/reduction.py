@@ -96,7 +96,7 @@ def sum_16bit_words(mpi: MPI.Comm, send, recv, arrays: HostArrays = HOST) -> Non
     rounded once to recv's dtype. The same result in fast and deterministic mode."""
     words = _rows(arrays, mpi.Get_size(), recv.size, np.uint16)  # row r: rank r's block for me
     mpi.Alltoall(words_of(send), words)
-    _sum_words(words.view(send.dtype), recv, arrays)
+    sum_words_into(words.view(send.dtype), recv, arrays)
 
 
 def isum_16bit_words(mpi: MPI.Comm, send, recv, arrays: HostArrays = HOST) -> Issued:
@@ -105,10 +105,10 @@ def isum_16bit_words(mpi: MPI.Comm, send, recv, arrays: HostArrays = HOST) -> Is
     words = _rows(arrays, mpi.Get_size(), recv.size, np.uint16)  # row r: rank r's block
     request = mpi.Ialltoall(words_of(send), words)
     dtype = send.dtype
-    return request, lambda: _sum_words(words.view(dtype), recv, arrays), (words,)
+    return request, lambda: sum_words_into(words.view(dtype), recv, arrays), (words,)
 
 
-def _sum_words(rows, recv, arrays: HostArrays) -> None:
+def sum_words_into(rows, recv, arrays: HostArrays = HOST) -> None:
     """recv <- the (W, n) 16-bit rows widened, added in rank order in float32, rounded
     once to recv's dtype: one pass into a float32 recv or one of the rows' own dtype
     (the common cases), a float32 temporary between them otherwise."""
