@@ -9,8 +9,10 @@ from zero_ref.formulas.step_model import (
     Cluster,
     Link,
     Workload,
+    exposed_call_seconds,
     flights_of,
     host_link_bytes,
+    link_seconds,
     predict,
     stage3_forward_backward,
 )
@@ -150,10 +152,11 @@ def test_a_prefetch_plans_gathers_move_fewer_backward_bytes():
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 @pytest.mark.parametrize("overlap", [False, True])
-def test_each_call_costs_its_overhead_and_nothing_hides_it(stage, overlap):
-    """call_s is the rank's own CPU around each call: added once a call (the flights'
-    and the scalars'), whatever the overlap, never hidden."""
-    c = cluster(rate=1e6)  # comm far above compute: overlap hides all it can
+def test_each_call_costs_its_overhead_where_no_link_is_waited_on(stage, overlap):
+    """call_s is the rank's own CPU around each call: with no link seconds to wait on
+    (an infinitely fast link across hosts), added whole once a call (the flights' and the
+    scalars'), whatever the overlap; compute never hides it."""
+    c = cluster(rate=math.inf)
     base = predict(work(stage, overlap=overlap), c, scalars=2)
     more = predict(work(stage, overlap=overlap, call_s=1e-3), c, scalars=2)
     calls = sum(f.calls for f in flights_of(work(stage), c)) + 2
@@ -165,9 +168,50 @@ def test_each_call_costs_its_overhead_and_nothing_hides_it(stage, overlap):
     )
 
 
+@pytest.mark.parametrize("stage", [0, 1, 3])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_calls_the_waited_link_covers_cost_nothing_more(stage, overlap):
+    """A slow link: the calls' seconds are paid less the waited link seconds' share of
+    the step (blocking: all the link's; overlapped with compute covering none of it, the
+    same), so more than nothing and less than all of them."""
+    c = cluster(rate=1e6)
+    kw = {"overlap": overlap, "overlap_efficiency": 0.0}
+    base = predict(work(stage, **kw), c, scalars=2)
+    own = 1e-3 * (sum(f.calls for f in base.flights) + 2)
+    link = link_seconds(base.flights, c)
+    paid = predict(work(stage, call_s=1e-3, **kw), c, scalars=2).step_s - base.step_s
+    assert paid == pytest.approx(own * (1 - link / (base.step_s + own)))
+    assert 0 < paid < own
+
+
+def test_only_the_link_seconds_overlap_left_exposed_cover_calls():
+    """Overlapped with compute covering every link second, the step waits on none of
+    them: every call's seconds are paid, as on an infinitely fast link."""
+    c = cluster(rate=1e8)
+    base = predict(work(3, overlap=True), c, scalars=2)
+    assert base.hidden_s >= link_seconds(base.flights, c) > 0
+    own = 1e-3 * (sum(f.calls for f in base.flights) + 2)
+    more = predict(work(3, overlap=True, call_s=1e-3), c, scalars=2)
+    assert more.step_s - base.step_s == pytest.approx(own)
+
+
+@pytest.mark.parametrize(
+    "own,waited,rest,paid",
+    [
+        (2.0, 0.0, 6.0, 2.0),  # no link waited on: all paid
+        (2.0, 6.0, 6.0, 0.5),  # the step is all link: the calls' share of it is paid
+        (2.0, 3.0, 6.0, 1.25),  # half the rest is link: 2 x (1 - 3/8)
+        (0.0, 3.0, 6.0, 0.0),  # no calls
+        (0.0, 0.0, 0.0, 0.0),  # nothing at all
+    ],
+)
+def test_exposed_call_seconds_at_its_ends(own, waited, rest, paid):
+    assert exposed_call_seconds(own, waited, rest) == pytest.approx(paid)
+
+
 def test_a_qgz_bucket_is_one_operation_in_one_hop_or_two():
     """call_s is paid once a bucket whatever qgZ's hops (what the two hosts measured)."""
-    c = cluster(rate=1e6)
+    c = cluster(rate=math.inf)  # no link to wait on: every call's seconds paid
     for hops in (1, 2):
         plain = work(1, qgz_blocks=4, reduce_buckets=3, qgz_hops=hops)
         costly = work(1, qgz_blocks=4, reduce_buckets=3, qgz_hops=hops, call_s=1.0)

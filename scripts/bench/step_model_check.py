@@ -56,12 +56,19 @@ from zero_ref.app.rank_estimate import model_for
 from zero_ref.app.run_finish import _qgz_blocks
 from zero_ref.engine.gathered_unit import gathers_per_step
 from zero_ref.formulas.memory import prefetch_plan
-from zero_ref.formulas.step_model import Cluster, Link, Workload, host_link_bytes, predict
+from zero_ref.formulas.step_model import (
+    Cluster,
+    Link,
+    Workload,
+    host_link_bytes,
+    predict,
+)
 from zero_ref.layout.flat import layout_align, model_layout
 
 FIT_SET = ("s0", "s3", "s3_zeropp")  # blocking, ranks in blocks, every rate
 OVERLAP_FIT = ("s1_overlap", "s2_overlap", "s3_overlap", "s3_zeropp_overlap")  # in blocks
 CONSTANTS = ("compute_s", "link_factor", "quantize_s_per_numel", "call_s")
+FIXED_POINT_ROUNDS = 100
 GOAL = 0.15
 HOSTS, PER_HOST = 2, 2
 # the kinds that book one call a gradient bucket: flat, two-level (its host hop), qgZ's
@@ -199,6 +206,29 @@ def nonnegative_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best
 
 
+def fit_linear(a: np.ndarray, y: np.ndarray, scale: np.ndarray, latency: np.ndarray) -> np.ndarray:
+    """The constants (a: features' rows, y the steps less latency), the model being
+    linear in them but for the share of the calls' seconds the link hides
+    (exposed_call_seconds: the waited link seconds over the step, which the constants
+    set): the share held, the constants fitted, the share redone from them, until it
+    stays (a fixed point; a few rounds on the recorded runs)."""
+    share = np.zeros(len(y))
+    for _ in range(FIXED_POINT_ROUNDS):
+        rows = a.copy()
+        rows[:, 3] = a[:, 3] * (1 - share)  # call_s's column: the calls a step
+        theta = nonnegative_lstsq(rows * scale[:, None], y * scale)
+        rest = latency + a[:, :3] @ theta[:3]  # compute, quantization and link: all but calls
+        link = theta[1] * a[:, 1]  # a blocking step waits on all its link seconds
+        now = link / (rest + theta[3] * a[:, 3])
+        if np.max(np.abs(now - share)) < 1e-12:
+            return theta
+        share = now
+    raise SystemExit(
+        f"the fit's share of hidden calls did not settle in {FIXED_POINT_ROUNDS} rounds: "
+        "the runs given are too few or too unlike for these constants"
+    )
+
+
 def fit(cases: list[dict]) -> dict:
     chosen = [c for c in cases if c["config"] in FIT_SET and c["placement"] == "block"]
     if not chosen:
@@ -207,11 +237,12 @@ def fit(cases: list[dict]) -> dict:
             "sweep with one that has them (--from-raw A.json B.json)"
         )
     a = np.array([features(c) for c in chosen])
-    y = np.array([c["step_s"] - latency_s(c) for c in chosen])
+    latency = np.array([latency_s(c) for c in chosen])
+    y = np.array([c["step_s"] for c in chosen]) - latency
     # relative errors (rows over the measured step), the check's own measure: a slow
     # link's long step would otherwise outweigh the fast ones
     scale = 1 / np.array([c["step_s"] for c in chosen])
-    theta = nonnegative_lstsq(a * scale[:, None], y * scale)
+    theta = fit_linear(a, y, scale, latency)
     constants = dict(zip(CONSTANTS, map(float, theta), strict=True))
     overlapped = [c for c in cases if c["config"] in OVERLAP_FIT and c["placement"] == "block"]
     constants["overlap_efficiency"] = {}

@@ -36,7 +36,8 @@ def step_model_fit(res: Result) -> str:
     )
     caption = (
         f"{measured_by(res)} The runs: {d['sweeps']} sweeps of step_model_runs.measure "
-        "(what `sudo python scripts/bench/step_model_check.py --raw-out FILE` runs; each "
+        "(what `sudo python scripts/bench/step_model_check.py --raw-out FILE` runs, kept in "
+        "docs/results/step_model_sweeps/; each "
         "case's step: the least of "
         "its sweeps' medians; the load average above is the fit's, not the sweeps'). "
         f"Fitted by least squares on {d['fit']['cases']} runs "
@@ -83,7 +84,8 @@ def misses(res: Result) -> str:
         if spreads
         else ""
     )
-    return f"Misses (error beyond {res.data['goal']:.0%}), per configuration: {counts}.{spread}"
+    goal = f"Misses (error beyond {res.data['goal']:.0%})"
+    return f"{goal}, per configuration: {counts}.{spread}" if counts else f"{goal}: none.{spread}"
 
 
 BEYOND_LINK = ("s0", "s3", "s3_hier", "s3_zeropp")  # blocking: every collective second counts

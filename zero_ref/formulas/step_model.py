@@ -3,7 +3,9 @@
 The step is compute (forward, backward, the optimizer on this rank's shard) plus each
 collective of the step priced as alpha per message and beta per byte, inside a host
 and across hosts, plus the rank's own overhead per collective operation (call_s, LogP's
-o: what the rank itself spends issuing and completing it, which no overlap hides).
+o: what the rank itself spends issuing and completing it, which compute cannot hide but
+the link's busy seconds can: a call costs nothing more while the step waits on the link
+for bytes anyway, LogP's max(o, g) for a stream of messages; exposed_call_seconds).
 The bytes are the ledger's (zero_ref/formulas/traffic.py expected_sent_bytes and
 hpz_sent_bytes, the paper's Sec. 7 volumes: 2 Psi at stages 0-2, 3 Psi at stage 3,
 ZeRO++'s qwZ, hpZ and qgZ as zero_ref sends them); this module only says which link each
@@ -307,12 +309,31 @@ def compute_seconds(w: Workload, world: int) -> float:
     return w.forward_s + w.backward_s + optimizer + w.quantize_s_per_numel * quantized_numel(w)
 
 
+def link_seconds(flights: tuple[Flight, ...], c: Cluster) -> float:
+    """The seconds a host's link is busy with the step's bytes (beta only, no alpha)."""
+    return sum(host_link_bytes(f, c) / c.inter.bytes_per_s for f in flights)
+
+
+def exposed_call_seconds(own_s: float, waited_link_s: float, rest_s: float) -> float:
+    """What the step pays of its calls' own seconds own_s (call_s a call), beside rest_s
+    (compute and the exposed collectives) of which waited_link_s is the link's bytes it
+    waits on: the calls fall anywhere in the step, and those that fall while the link is
+    busy with bytes the step waits for anyway cost nothing more (with a host's ranks on
+    one link, a rank's Python runs while the link carries the others' bytes; LogP charges
+    a stream of messages max(o, g), not o + g). Their share is the waited link seconds'
+    share of the step, so no constant is added: 0 with no link to wait on, nearly all of
+    them when the link is the step."""
+    step = rest_s + own_s
+    return own_s * (1 - waited_link_s / step) if step > 0 else 0.0
+
+
 def predict(w: Workload, c: Cluster, scalars: int = 1) -> StepTime:
     """One step's time: compute plus what of each flight its phase's compute cannot hide
     (everything, without overlap), plus `scalars` blocking all-reduces of a few bytes
     (the loss, a gradient norm), each alpha across the hosts and inside; and each call's
     own overhead (call_s: the rank's CPU seconds to issue and complete it, which no
-    compute hides because the rank itself spends them)."""
+    compute hides because the rank itself spends them), less those of them that run
+    while the step waits on the link (exposed_call_seconds)."""
     flights = flights_of(w, c)
     behind = {"forward": 0.0, "backward": 0.0, "": 0.0}
     for f in flights:
@@ -326,5 +347,7 @@ def predict(w: Workload, c: Cluster, scalars: int = 1) -> StepTime:
         exposed += scalars * 2 * (alpha + c.inter.alpha_s * math.ceil(math.log2(c.hosts)))
         # one operation a call; a qgZ bucket is one in one hop or two (on the two hosts
         # both cost the same: docs/step_model.md)
-        exposed += w.call_s * (sum(f.calls for f in flights) + scalars)
+        own = w.call_s * (sum(f.calls for f in flights) + scalars)
+        waited = max(0.0, link_seconds(flights, c) - hidden)  # overlap hid the rest
+        exposed += exposed_call_seconds(own, waited, compute_seconds(w, c.world) + exposed)
     return StepTime(compute_seconds(w, c.world), hidden, exposed, flights)
