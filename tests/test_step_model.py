@@ -10,6 +10,7 @@ from zero_ref.formulas.step_model import (
     Link,
     Workload,
     exposed_call_seconds,
+    flight_seconds,
     flights_of,
     host_link_bytes,
     link_seconds,
@@ -169,19 +170,38 @@ def test_each_call_costs_its_overhead_where_no_link_is_waited_on(stage, overlap)
 
 
 @pytest.mark.parametrize("stage", [0, 1, 3])
-@pytest.mark.parametrize("overlap", [False, True])
-def test_the_calls_the_waited_link_covers_cost_nothing_more(stage, overlap):
-    """A slow link: the calls' seconds are paid less the waited link seconds' share of
-    the step (blocking: all the link's; overlapped with compute covering none of it, the
-    same), so more than nothing and less than all of them."""
+def test_the_calls_the_waited_link_covers_cost_nothing_more(stage):
+    """A slow link, blocking: the calls' seconds are paid less the link seconds' share of
+    the step with every call paid, so more than nothing and less than all of them."""
     c = cluster(rate=1e6)
-    kw = {"overlap": overlap, "overlap_efficiency": 0.0}
-    base = predict(work(stage, **kw), c, scalars=2)
+    base = predict(work(stage), c, scalars=2)
     own = 1e-3 * (sum(f.calls for f in base.flights) + 2)
     link = link_seconds(base.flights, c)
-    paid = predict(work(stage, call_s=1e-3, **kw), c, scalars=2).step_s - base.step_s
+    paid = predict(work(stage, call_s=1e-3), c, scalars=2).step_s - base.step_s
     assert paid == pytest.approx(own * (1 - link / (base.step_s + own)))
     assert 0 < paid < own
+
+
+@pytest.mark.parametrize("efficiency", [0.0, 0.3, 0.7])
+@pytest.mark.parametrize("zpp", [{}, {"hpz": True}], ids=["plain", "hpz"])
+def test_overlap_leaves_each_phases_link_waited_on_by_the_share_it_did_not_hide(efficiency, zpp):
+    """Overlapped, a phase's compute hides a share of its collectives, and the step
+    waits on the rest of its link seconds only: hpZ's backward gathers, inside the host,
+    cover compute without freeing any link second of forward's."""
+    c = Cluster(2, 4, Link(1e-5, 2e6), Link(1e-5, 1e6))  # a slow host, to weigh hpZ's
+    kw = {"overlap": True, "overlap_efficiency": efficiency, **zpp}
+    base = predict(work(3, **kw), c, scalars=2)
+    waited = 0.0
+    for phase, compute in (("forward", 0.01), ("backward", 0.02)):
+        mine = tuple(f for f in base.flights if f.hides_behind == phase)
+        phase_s = sum(flight_seconds(f, c) for f in mine)
+        waited += link_seconds(mine, c) * (1 - min(phase_s, efficiency * compute) / phase_s)
+    assert 0 < waited <= link_seconds(base.flights, c)
+    if efficiency > 0:
+        assert waited < link_seconds(base.flights, c)  # some of it hidden
+    own = 1e-3 * (sum(f.calls for f in base.flights) + 2)
+    paid = predict(work(3, call_s=1e-3, **kw), c, scalars=2).step_s - base.step_s
+    assert paid == pytest.approx(own * (1 - waited / (base.step_s + own)))
 
 
 def test_only_the_link_seconds_overlap_left_exposed_cover_calls():
@@ -202,11 +222,20 @@ def test_only_the_link_seconds_overlap_left_exposed_cover_calls():
         (2.0, 6.0, 6.0, 0.5),  # the step is all link: the calls' share of it is paid
         (2.0, 3.0, 6.0, 1.25),  # half the rest is link: 2 x (1 - 3/8)
         (0.0, 3.0, 6.0, 0.0),  # no calls
+        (2.0, 0.0, 0.0, 2.0),  # the calls alone: all paid
         (0.0, 0.0, 0.0, 0.0),  # nothing at all
     ],
 )
 def test_exposed_call_seconds_at_its_ends(own, waited, rest, paid):
     assert exposed_call_seconds(own, waited, rest) == pytest.approx(paid)
+
+
+@pytest.mark.parametrize("waited", [-1e-3, 6.01])
+def test_a_waited_link_outside_the_step_is_refused(waited):
+    """The waited link seconds are part of the rest of the step: below 0 or above it is
+    a caller's error, named, not a negative or clamped payment."""
+    with pytest.raises(ValueError, match="waited_link_s"):
+        exposed_call_seconds(2.0, waited, 6.0)
 
 
 def test_a_qgz_bucket_is_one_operation_in_one_hop_or_two():

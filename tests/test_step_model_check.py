@@ -56,6 +56,16 @@ def test_the_fit_recovers_the_models_own_constants():
         assert fitted["overlap_efficiency"][rate] == pytest.approx(efficiency[rate]), rate
 
 
+def test_a_fit_whose_shares_do_not_settle_is_refused(monkeypatch):
+    """The fixed point's rounds are bounded: one round cannot confirm the shares it
+    started from (0, where the calls hide), so the fit stops with a message."""
+    theta = {"compute_s": 0.03, "link_factor": 0.9, "quantize_s_per_numel": 2e-8}
+    cases = synthetic(theta | {"call_s": 3e-4, "overlap_efficiency": {}})
+    monkeypatch.setattr(check, "FIXED_POINT_ROUNDS", 1)
+    with pytest.raises(SystemExit, match="did not settle in 1 rounds"):
+        check.fit(cases)
+
+
 def test_nonnegative_lstsq_never_returns_a_negative_constant():
     """Where the plain fit drives a constant below 0, it is held at 0 and the others
     refit; where the plain fit is already >= 0, it is returned unchanged."""

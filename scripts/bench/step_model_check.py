@@ -12,11 +12,12 @@ all with flat collectives; and stage 1, stage 3 and stage 3 overlapped with the 
 ones (`--collectives hierarchical`, the *_hier configurations).
 The model's constants are fitted by least squares (of relative errors, every constant
 >= 0) on the blocking runs in blocks of stage 0, stage 3 and stage 3 with ZeRO++ (FIT_SET,
-at every rate), where the model is linear in them. Measured, not fitted: alpha, half the
-link's tiny all-gather over the 4 ranks (two messages, link_probe.py) on each link; the
-rate inside a host, taken as the unlimited veth's one-stream rate (a fit cannot tell a
-host's shared-memory bytes from compute here: every configuration moves 0.45-0.69 MB of
-them). Fitted:
+at every rate), where the model is linear in them once the share of the calls the link
+hides is held (fit_linear: held, fitted, redone until it stays). Measured, not fitted:
+alpha, half the link's tiny all-gather over the 4 ranks (two messages, link_probe.py) on
+each link; the rate inside a host, taken as the unlimited veth's one-stream rate (a fit
+cannot tell a host's shared-memory bytes from compute here: every configuration moves
+0.45-0.69 MB of them). Fitted:
 
   compute_s     forward + backward + optimizer of one rank (split 1:2 for overlap; the
                 optimizer's full step at stage 0 against its quarter at stage 3 is not
@@ -25,7 +26,8 @@ them). Fitted:
                 one-stream TCP rate (1 = the link runs at that rate)
   quantize_s_per_numel  ZeRO++'s (de)quantization on the CPU
   call_s        the rank's own seconds a collective call (zero_ref's Python, mpi4py,
-                the ledger and the buffers' copies around each call)
+                the ledger and the buffers' copies around each call), less the share
+                the link hides (step_model.exposed_call_seconds: no constant of its own)
   overlap_efficiency    per link: the share of a phase's compute the collectives behind
                 it run under (0-1, a grid), fitted apart on the overlapped runs in blocks
                 (OVERLAP_FIT) with the constants above held
@@ -62,6 +64,7 @@ from zero_ref.formulas.step_model import (
     Workload,
     host_link_bytes,
     predict,
+    waited_share,
 )
 from zero_ref.layout.flat import layout_align, model_layout
 
@@ -173,8 +176,9 @@ def latency_s(case: dict) -> float:
 
 
 def features(case: dict) -> list[float]:
-    """The blocking step's coefficient of each constant (the model is linear in them
-    without overlap): predict with that constant 1 and the others 0, less the alpha part."""
+    """The blocking step's coefficient of each constant with every call paid (the model
+    is linear in them without overlap once the share of the calls the link hides is held,
+    fit_linear): predict with that constant 1 and the others 0, less the alpha part."""
     row, base = [], latency_s(case)
     for name in CONSTANTS:
         theta = dict.fromkeys(CONSTANTS, 0.0) | {name: 1.0}
@@ -208,10 +212,12 @@ def nonnegative_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 def fit_linear(a: np.ndarray, y: np.ndarray, scale: np.ndarray, latency: np.ndarray) -> np.ndarray:
     """The constants (a: features' rows, y the steps less latency), the model being
-    linear in them but for the share of the calls' seconds the link hides
-    (exposed_call_seconds: the waited link seconds over the step, which the constants
-    set): the share held, the constants fitted, the share redone from them, until it
-    stays (a fixed point; a few rounds on the recorded runs)."""
+    linear in them but for the share of the calls' seconds the link hides (waited_share:
+    the waited link seconds over the step, which the constants set): the shares held,
+    the constants fitted by least squares, the shares redone from them, until they stay.
+    A fixed point of least squares with the shares held, not the least squares of the
+    whole model (which would move the constants by under 1 % on the recorded runs); a
+    few rounds there."""
     share = np.zeros(len(y))
     for _ in range(FIXED_POINT_ROUNDS):
         rows = a.copy()
@@ -219,7 +225,8 @@ def fit_linear(a: np.ndarray, y: np.ndarray, scale: np.ndarray, latency: np.ndar
         theta = nonnegative_lstsq(rows * scale[:, None], y * scale)
         rest = latency + a[:, :3] @ theta[:3]  # compute, quantization and link: all but calls
         link = theta[1] * a[:, 1]  # a blocking step waits on all its link seconds
-        now = link / (rest + theta[3] * a[:, 3])
+        step = rest + theta[3] * a[:, 3]
+        now = np.array([waited_share(x, t) for x, t in zip(link, step, strict=True)])
         if np.max(np.abs(now - share)) < 1e-12:
             return theta
         share = now

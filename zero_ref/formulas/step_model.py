@@ -314,6 +314,15 @@ def link_seconds(flights: tuple[Flight, ...], c: Cluster) -> float:
     return sum(host_link_bytes(f, c) / c.inter.bytes_per_s for f in flights)
 
 
+def waited_share(waited_link_s: float, step_s: float) -> float:
+    """The share of a step (every call paid) in which it waits on the link's bytes: the
+    share of its calls' seconds the link hides (exposed_call_seconds)."""
+    # the waited seconds are part of the step; the tolerance is float rounding's only
+    ok = 0 <= waited_link_s <= step_s * (1 + 1e-12)
+    _check("waited_link_s", waited_link_s, f"between 0 and the step's {step_s!r} s", ok)
+    return waited_link_s / step_s if step_s > 0 else 0.0
+
+
 def exposed_call_seconds(own_s: float, waited_link_s: float, rest_s: float) -> float:
     """What the step pays of its calls' own seconds own_s (call_s a call), beside rest_s
     (compute and the exposed collectives) of which waited_link_s is the link's bytes it
@@ -321,10 +330,11 @@ def exposed_call_seconds(own_s: float, waited_link_s: float, rest_s: float) -> f
     busy with bytes the step waits for anyway cost nothing more (with a host's ranks on
     one link, a rank's Python runs while the link carries the others' bytes; LogP charges
     a stream of messages max(o, g), not o + g). Their share is the waited link seconds'
-    share of the step, so no constant is added: 0 with no link to wait on, nearly all of
-    them when the link is the step."""
-    step = rest_s + own_s
-    return own_s * (1 - waited_link_s / step) if step > 0 else 0.0
+    share of the step with every call paid, so no constant is added: 0 with no link to
+    wait on, nearly all of them when the link is the step."""
+    ok = waited_link_s <= rest_s * (1 + 1e-12)  # part of the rest; float rounding's slack
+    _check("waited_link_s", waited_link_s, f"at most the rest of the step, {rest_s!r} s", ok)
+    return own_s * (1 - waited_share(waited_link_s, rest_s + own_s))
 
 
 def predict(w: Workload, c: Cluster, scalars: int = 1) -> StepTime:
@@ -335,19 +345,24 @@ def predict(w: Workload, c: Cluster, scalars: int = 1) -> StepTime:
     compute hides because the rank itself spends them), less those of them that run
     while the step waits on the link (exposed_call_seconds)."""
     flights = flights_of(w, c)
-    behind = {"forward": 0.0, "backward": 0.0, "": 0.0}
+    behind = {"forward": 0.0, "backward": 0.0, "": 0.0}  # each phase's collective seconds
+    link = dict.fromkeys(behind, 0.0)  # and of them its link bytes' seconds
     for f in flights:
-        behind[f.hides_behind if w.overlap else ""] += flight_seconds(f, c)
-    hidden = 0.0
+        phase = f.hides_behind if w.overlap else ""
+        behind[phase] += flight_seconds(f, c)
+        link[phase] += link_seconds((f,), c)
+    covered = {"": 0.0}  # what each phase's compute hides of its collectives
     for phase, compute in (("forward", w.forward_s), ("backward", w.backward_s)):
-        hidden += min(behind[phase], w.overlap_efficiency * compute)
+        covered[phase] = min(behind[phase], w.overlap_efficiency * compute)
+    hidden = sum(covered.values())
     exposed = sum(behind.values()) - hidden
+    # the link seconds the step waits on: each phase's, less the share compute hid
+    waited = sum(link[p] * (1 - covered[p] / behind[p]) for p in behind if behind[p] > 0)
     if c.world > 1:
         alpha = c.intra.alpha_s * math.ceil(math.log2(c.ranks_per_host))
         exposed += scalars * 2 * (alpha + c.inter.alpha_s * math.ceil(math.log2(c.hosts)))
         # one operation a call; a qgZ bucket is one in one hop or two (on the two hosts
         # both cost the same: docs/step_model.md)
         own = w.call_s * (sum(f.calls for f in flights) + scalars)
-        waited = max(0.0, link_seconds(flights, c) - hidden)  # overlap hid the rest
         exposed += exposed_call_seconds(own, waited, compute_seconds(w, c.world) + exposed)
     return StepTime(compute_seconds(w, c.world), hidden, exposed, flights)
