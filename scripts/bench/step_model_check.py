@@ -216,8 +216,7 @@ def fit_linear(a: np.ndarray, y: np.ndarray, scale: np.ndarray, latency: np.ndar
     the waited link seconds over the step, which the constants set): the shares held,
     the constants fitted by least squares, the shares redone from them, until they stay.
     A fixed point of least squares with the shares held, not the least squares of the
-    whole model (which would move the constants by under 1 % on the recorded runs); a
-    few rounds there."""
+    whole model; a few rounds on the recorded runs."""
     share = np.zeros(len(y))
     for _ in range(FIXED_POINT_ROUNDS):
         rows = a.copy()
