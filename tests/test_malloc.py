@@ -39,6 +39,10 @@ def _released_bytes(*args: str) -> tuple[str, int]:
 
 
 LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="statm is Linux's")
+# RSS is read twice around the free; the reads and the interpreter between them may touch
+# a few pages of their own (one 4 KiB page short of 3 MiB was seen), so "left" allows 16
+# pages less: still far above what glibc's raised threshold lets go (under 1 MiB, below)
+LEFT = (3 << 20) - 16 * 4096
 
 
 @LINUX
@@ -48,7 +52,7 @@ def test_a_freed_array_leaves_the_process_once_the_threshold_is_fixed():
         pytest.skip("the C library has no mallopt (not glibc): nothing to fix")
     _, released_plain = _released_bytes("plain")
     assert released_plain < 1 << 20, "the probe no longer shows glibc keeping a freed array"
-    assert released_fixed >= 3 << 20, f"only {released_fixed:,} bytes of a 3 MiB array left"
+    assert released_fixed >= LEFT, f"only {released_fixed:,} bytes of a 3 MiB array left"
 
 
 @LINUX
@@ -56,4 +60,4 @@ def test_an_nvme_store_fixes_it_for_the_run(tmp_path):
     took, released = _released_bytes("store", str(tmp_path))
     if took != "True":
         pytest.skip("the C library has no mallopt (not glibc): nothing to fix")
-    assert released >= 3 << 20, f"only {released:,} bytes of a 3 MiB array left the process"
+    assert released >= LEFT, f"only {released:,} bytes of a 3 MiB array left the process"
