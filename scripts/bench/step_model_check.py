@@ -224,8 +224,8 @@ def fit_linear(a: np.ndarray, y: np.ndarray, scale: np.ndarray, latency: np.ndar
         theta = nonnegative_lstsq(rows * scale[:, None], y * scale)
         rest = latency + a[:, :3] @ theta[:3]  # compute, quantization and link: all but calls
         link = theta[1] * a[:, 1]  # a blocking step waits on all its link seconds
-        step = rest + theta[3] * a[:, 3]
-        now = np.array([waited_share(x, t) for x, t in zip(link, step, strict=True)])
+        own = theta[3] * a[:, 3]
+        now = np.array([waited_share(*x) for x in zip(link, rest, own, strict=True)])
         if np.max(np.abs(now - share)) < 1e-12:
             return theta
         share = now

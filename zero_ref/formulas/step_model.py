@@ -314,13 +314,15 @@ def link_seconds(flights: tuple[Flight, ...], c: Cluster) -> float:
     return sum(host_link_bytes(f, c) / c.inter.bytes_per_s for f in flights)
 
 
-def waited_share(waited_link_s: float, step_s: float) -> float:
-    """The share of a step (every call paid) in which it waits on the link's bytes: the
-    share of its calls' seconds the link hides (exposed_call_seconds)."""
-    # the waited seconds are part of the step; the tolerance is float rounding's only
-    ok = 0 <= waited_link_s <= step_s * (1 + 1e-12)
-    _check("waited_link_s", waited_link_s, f"between 0 and the step's {step_s!r} s", ok)
-    return waited_link_s / step_s if step_s > 0 else 0.0
+def waited_share(waited_link_s: float, rest_s: float, own_s: float) -> float:
+    """The share of a step in which it waits on the link's bytes, with every call paid:
+    waited_link_s over rest_s (compute and the exposed collectives, the waited link
+    among them) plus the calls' own seconds own_s; the share of the calls the link
+    hides (exposed_call_seconds)."""
+    ok = 0 <= waited_link_s <= rest_s * (1 + 1e-12)  # part of the rest; rounding's slack
+    _check("waited_link_s", waited_link_s, f"between 0 and the rest of the step, {rest_s!r} s", ok)
+    step = rest_s + own_s
+    return waited_link_s / step if step > 0 else 0.0
 
 
 def exposed_call_seconds(own_s: float, waited_link_s: float, rest_s: float) -> float:
@@ -330,11 +332,9 @@ def exposed_call_seconds(own_s: float, waited_link_s: float, rest_s: float) -> f
     busy with bytes the step waits for anyway cost nothing more (with a host's ranks on
     one link, a rank's Python runs while the link carries the others' bytes; LogP charges
     a stream of messages max(o, g), not o + g). Their share is the waited link seconds'
-    share of the step with every call paid, so no constant is added: 0 with no link to
-    wait on, nearly all of them when the link is the step."""
-    ok = waited_link_s <= rest_s * (1 + 1e-12)  # part of the rest; float rounding's slack
-    _check("waited_link_s", waited_link_s, f"at most the rest of the step, {rest_s!r} s", ok)
-    return own_s * (1 - waited_share(waited_link_s, rest_s + own_s))
+    share of the step with every call paid (waited_share), so no constant is added: 0
+    with no link to wait on, nearly all of them when the link is the step."""
+    return own_s * (1 - waited_share(waited_link_s, rest_s, own_s))
 
 
 def predict(w: Workload, c: Cluster, scalars: int = 1) -> StepTime:
@@ -344,7 +344,7 @@ def predict(w: Workload, c: Cluster, scalars: int = 1) -> StepTime:
     own overhead (call_s: the rank's CPU seconds to issue and complete it, which no
     compute hides because the rank itself spends them), less those of them that run
     while the step waits on the link (exposed_call_seconds)."""
-    flights = flights_of(w, c)
+    flights, compute = flights_of(w, c), compute_seconds(w, c.world)
     behind = {"forward": 0.0, "backward": 0.0, "": 0.0}  # each phase's collective seconds
     link = dict.fromkeys(behind, 0.0)  # and of them its link bytes' seconds
     for f in flights:
@@ -352,8 +352,8 @@ def predict(w: Workload, c: Cluster, scalars: int = 1) -> StepTime:
         behind[phase] += flight_seconds(f, c)
         link[phase] += link_seconds((f,), c)
     covered = {"": 0.0}  # what each phase's compute hides of its collectives
-    for phase, compute in (("forward", w.forward_s), ("backward", w.backward_s)):
-        covered[phase] = min(behind[phase], w.overlap_efficiency * compute)
+    for phase, phase_s in (("forward", w.forward_s), ("backward", w.backward_s)):
+        covered[phase] = min(behind[phase], w.overlap_efficiency * phase_s)
     hidden = sum(covered.values())
     exposed = sum(behind.values()) - hidden
     # the link seconds the step waits on: each phase's, less the share compute hid
@@ -364,5 +364,5 @@ def predict(w: Workload, c: Cluster, scalars: int = 1) -> StepTime:
         # one operation a call; a qgZ bucket is one in one hop or two (on the two hosts
         # both cost the same: docs/step_model.md)
         own = w.call_s * (sum(f.calls for f in flights) + scalars)
-        exposed += exposed_call_seconds(own, waited, compute_seconds(w, c.world) + exposed)
-    return StepTime(compute_seconds(w, c.world), hidden, exposed, flights)
+        exposed += exposed_call_seconds(own, waited, compute + exposed)
+    return StepTime(compute, hidden, exposed, flights)
